@@ -1,0 +1,108 @@
+"""nbgrader configuration for the course repository.
+
+Stock nbgrader commands read this file when run from this folder:
+
+    cd autograder
+    nbgrader generate_assignment 02_kv_cache      # solutions/ -> labs/ (add --force to redo)
+    nbgrader db student add alice
+    nbgrader autograde 02_kv_cache
+    nbgrader generate_feedback 02_kv_cache
+    nbgrader export
+
+From the repository root, pass the file instead: ``nbgrader <cmd> --config autograder/nbgrader_config.py``.
+
+Paths: the course root is the repository root, found from this file's location.
+traitlets' PyFileConfigLoader executes config files with ``__file__`` set to the config
+file's absolute path (traitlets/config/loader.py, ``_read_file_as_dict``), so
+``__file__`` is reliable here whatever the working directory. Fallback, should a loader
+ever omit it: the working directory when it is named ``autograder``, else its
+``autograder/`` subfolder (i.e. the working directory is taken as the repository root).
+
+The grading driver (autograder/grade.py) loads this file as a sub-config of a generated
+config in its own work folder and overrides the root and every directory there, so
+these settings (timeouts, markers, preprocessors, course id) apply to both.
+"""
+
+import importlib.util
+import os
+
+c = get_config()  # noqa: F821  (injected by traitlets)
+
+try:
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+except NameError:  # pragma: no cover - traitlets always defines __file__
+    _cwd = os.getcwd()
+    _HERE = _cwd if os.path.basename(_cwd) == "autograder" else os.path.join(_cwd, "autograder")
+REPO_ROOT = os.path.dirname(_HERE)
+
+# --- Course directory layout -------------------------------------------------------
+c.CourseDirectory.course_id = "llm-inference-lab"
+c.CourseDirectory.root = REPO_ROOT
+c.CourseDirectory.source_directory = "solutions"  # nbgrader source: solutions + hidden tests
+c.CourseDirectory.release_directory = "labs"  # learner release, committed to git
+# Working folders: relative to root so nbgrader's path regexes escape the root correctly
+# (CourseDirectory.format_path(escape=True) re.escape()s the root only). git ignores them.
+_WORK = os.path.join("autograder", "work")
+c.CourseDirectory.submitted_directory = os.path.join(_WORK, "submitted")
+c.CourseDirectory.autograded_directory = os.path.join(_WORK, "autograded")
+c.CourseDirectory.feedback_directory = os.path.join(_WORK, "feedback")
+c.CourseDirectory.solution_directory = os.path.join(_WORK, "solution")
+c.CourseDirectory.source_with_tests_directory = os.path.join(_WORK, "source_with_tests")
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(REPO_ROOT, _WORK, "gradebook.db")
+
+# --- Release: markers for what the learner must not see ----------------------------
+# ClearSolutions / ClearHiddenTests test `delimiter in line`; spelling the full marker
+# keeps a stray "BEGIN SOLUTION" in prose from being taken for one.
+c.ClearSolutions.begin_solution_delimeter = "### BEGIN SOLUTION"
+c.ClearSolutions.end_solution_delimeter = "### END SOLUTION"
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.ClearHiddenTests.begin_test_delimeter = "### BEGIN HIDDEN TESTS"
+c.ClearHiddenTests.end_test_delimeter = "### END HIDDEN TESTS"
+
+# --- Execution during autograde -------------------------------------------------------
+# Sized for a 2-core CPU: a lab runs in a few minutes, the heaviest cell well under 300 s.
+c.Execute.timeout = 300  # seconds per cell
+# On a cell timeout, interrupt the kernel, record a CellTimeoutError output in that cell
+# (0 points for it) and go on with the next cell, instead of failing the submission.
+c.Execute.interrupt_on_timeout = True
+c.Execute.error_on_timeout = {
+    "ename": "CellTimeoutError",
+    "evalue": "",
+    "traceback": ["CellTimeoutError: the cell ran longer than the per-cell limit and was interrupted"],
+}
+# Time to drain a cell's output after its reply; the default 4 s is tight on a loaded
+# 2-core machine running several kernels, and a miss fails the whole notebook.
+c.Execute.iopub_timeout = 30
+
+# --- Grading rule: stderr does not zero a test cell ------------------------------------
+# nbgrader.utils.determine_grade gives 0 to a graded cell with a `stderr` stream output.
+# StderrToStdout (autograder/preprocessors.py) runs after Execute/IgnorePattern and before
+# SaveAutoGrades and turns such output into stdout under a "[stderr]" line.
+_spec = importlib.util.spec_from_file_location(
+    "course_autograder_preprocessors", os.path.join(_HERE, "preprocessors.py")
+)
+_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
+
+from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
+from nbgrader.preprocessors import (  # noqa: E402
+    AssignLatePenalties,
+    CheckCellMetadata,
+    Execute,
+    IgnorePattern,
+    LimitOutput,
+    SaveAutoGrades,
+)
+
+# The stock list (nbgrader/converters/autograde.py, Autograde.autograde_preprocessors)
+# with StderrToStdout inserted after IgnorePattern.
+c.Autograde.autograde_preprocessors = [
+    Execute,
+    IgnorePattern,
+    _module.StderrToStdout,
+    ClearMetadataPreprocessor,
+    LimitOutput,
+    SaveAutoGrades,
+    AssignLatePenalties,
+    CheckCellMetadata,
+]

@@ -1,0 +1,7 @@
+"""course_lib: the shared library of the LLM inference systems lab course.
+
+Modules: ``models`` (config, toy and reference decoders, RoPE, attention), ``cache``
+(contiguous and paged KV caches), ``data`` (artifact manifests and loaders), ``grading``
+(contract checkers), ``widgets`` (ipywidgets explorers), ``kernels`` (Triton kernels).
+"""
+__version__ = "0.1.0"

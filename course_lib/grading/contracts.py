@@ -1,0 +1,210 @@
+"""Contract checkers shared by every lab's graded cells (COURSE_SPEC "Grading contracts").
+
+A contract compares what learner code produced with what the contract demands and, on
+failure, raises ``ContractError`` with a message that says what differs and where:
+- logit equivalence: max |a - b| <= atol + rtol * |b| with dtype-aware tolerances; on
+  failure the first step and position over tolerance, its error, the reference's top-2
+  gap there, and whether (and where) the greedy tokens diverged;
+- byte counts: exact integer equality with a product formula; on failure both numbers
+  and the term(s) of the formula that would explain the difference;
+- first divergence of two token sequences.
+
+Nothing here trusts a learner object: values are checked for their exact type, dtype
+and shape before any comparison, so an object whose ``==`` always returns True fails.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Mapping, Sequence
+
+import torch
+
+
+class ContractError(AssertionError):
+    """A learner result broke a contract; the message explains how."""
+
+
+#: Default (atol, rtol) for logit comparisons, by dtype of the compared tensors.
+LOGIT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-9, 1e-9),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-2, 1e-3),
+    torch.bfloat16: (5e-2, 1e-2),
+}
+
+
+def fresh_seed() -> int:
+    """A seed for hidden tests: new on every grading run (32 random bits), so hard-coded
+    answers cannot pass; set COURSE_GRADING_SEED to replay one run."""
+    fixed = os.environ.get("COURSE_GRADING_SEED")
+    return int(fixed) if fixed else int.from_bytes(os.urandom(4), "little")
+
+
+# -- type, dtype and shape checks --------------------------------------------------------
+def check_tensor(name: str, obj, shape: Sequence[int] | None = None, dtype: torch.dtype | None = None,
+                 allow_nan: bool = False) -> torch.Tensor:
+    """Return ``obj`` as a plain detached tensor after checking it exactly.
+
+    Raises:
+        ContractError: ``obj`` is not exactly a ``torch.Tensor`` (subclasses are refused),
+            or its dtype/shape differ from the ones given, or it holds NaN/inf.
+    """
+    if type(obj) is not torch.Tensor:
+        raise ContractError(f"{name} must be a torch.Tensor, got {type(obj).__module__}.{type(obj).__qualname__}")
+    if dtype is not None and obj.dtype != dtype:
+        raise ContractError(f"{name} must have dtype {dtype}, got {obj.dtype}")
+    if shape is not None and tuple(obj.shape) != tuple(shape):
+        raise ContractError(f"{name} must have shape {tuple(shape)}, got {tuple(obj.shape)}")
+    plain = obj.detach().clone().to("cpu")
+    if not allow_nan and plain.is_floating_point() and not bool(torch.isfinite(plain).all()):
+        raise ContractError(f"{name} contains NaN or inf")
+    return plain
+
+
+def check_int(name: str, obj) -> int:
+    """Return ``obj`` if it is exactly an int (bool and int-like objects are refused)."""
+    if type(obj) is not int:
+        raise ContractError(f"{name} must be an int, got {type(obj).__qualname__}")
+    return obj
+
+
+def check_int_list(name: str, obj) -> list[int]:
+    """Return a copy of ``obj`` if it is a list/tuple of exact ints (or a 1-D int64 tensor)."""
+    if type(obj) is torch.Tensor:
+        if obj.dim() != 1 or obj.dtype != torch.int64:
+            raise ContractError(f"{name} must be a 1-D int64 tensor or a list of ints, got "
+                                f"shape {tuple(obj.shape)} {obj.dtype}")
+        return [int(x) for x in obj.tolist()]
+    if type(obj) not in (list, tuple):
+        raise ContractError(f"{name} must be a list of ints, got {type(obj).__qualname__}")
+    return [check_int(f"{name}[{i}]", x) for i, x in enumerate(obj)]
+
+
+# -- first divergence --------------------------------------------------------------------
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first position where two token sequences differ; when one is a proper
+    prefix of the other, the shorter length; None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+# -- logit equivalence -------------------------------------------------------------------
+def top2_gap(logits: torch.Tensor) -> torch.Tensor:
+    """Largest minus second-largest logit along the last axis (a near-tie has a small gap)."""
+    top = logits.to(torch.float64).topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
+
+
+def check_logits_close(actual, expected: torch.Tensor, *, what: str = "logits",
+                       atol: float | None = None, rtol: float | None = None,
+                       tokens_actual: Sequence[int] | None = None,
+                       tokens_expected: Sequence[int] | None = None,
+                       position_offset: int = 0) -> float:
+    """Logit equivalence contract over steps.
+
+    Args:
+        actual: learner logits, (steps, vocab) or (vocab,); checked for exact type/dtype/shape.
+        expected: reference logits of the same shape (float32 -> atol 1e-5, rtol 1e-5 unless given).
+        tokens_actual, tokens_expected: the greedy tokens each run emitted, when comparing
+            generation. Once they diverge the later logits see different contexts, so only
+            the common prefix (up to and including the first differing step) is compared.
+        position_offset: absolute position of step 0 (for messages only).
+
+    Returns:
+        The max |actual - expected| over the compared steps.
+
+    Raises:
+        ContractError: naming the first step/position over tolerance, its error, the
+            reference's top-2 gap there and whether the tokens diverged.
+    """
+    got = check_tensor(what, actual, shape=expected.shape, dtype=expected.dtype)
+    default_atol, default_rtol = LOGIT_TOLERANCES.get(expected.dtype, (1e-5, 1e-5))
+    atol = default_atol if atol is None else atol
+    rtol = default_rtol if rtol is None else rtol
+    ref = expected.detach().to("cpu")
+    if ref.dim() == 1:
+        got, ref = got[None], ref[None]
+    steps = ref.shape[0]
+    diverged = None
+    if tokens_actual is not None and tokens_expected is not None:
+        diverged = first_divergence(list(tokens_actual), list(tokens_expected))
+        if diverged is not None:
+            steps = min(steps, diverged + 1)
+    err = (got[:steps].to(torch.float64) - ref[:steps].to(torch.float64)).abs()
+    bound = atol + rtol * ref[:steps].to(torch.float64).abs()
+    over = (err > bound).any(dim=-1)
+    max_err = float(err.max()) if err.numel() else 0.0
+    if not bool(over.any()):
+        return max_err
+    step = int(over.nonzero()[0, 0])
+    step_err = float(err[step].max())
+    gap = float(top2_gap(ref[step]))
+    if tokens_actual is None or tokens_expected is None:
+        token_note = ""
+    elif diverged is None:
+        token_note = (f"; the greedy tokens are identical over all {len(tokens_expected)} steps, "
+                      "so comparing tokens alone would hide this")
+    else:
+        token_note = f"; the greedy tokens first diverge at step {diverged}"
+    raise ContractError(
+        f"{what} differ from the reference: first over tolerance at step {step} "
+        f"(position {position_offset + step}), max |diff| {step_err:.3g} > atol {atol:g} + "
+        f"rtol {rtol:g}*|ref| ({ref.dtype}); the reference's top-2 gap there is {gap:.3g}"
+        f"{token_note}; max |diff| over the compared steps {max_err:.3g}")
+
+
+def check_close(actual, expected: torch.Tensor, *, what: str = "output",
+                atol: float | None = None, rtol: float | None = None) -> float:
+    """Element-wise closeness contract for any tensor (|a - b| <= atol + rtol*|b|, dtype-aware
+    defaults as for logits). Returns the max |diff|.
+
+    Raises:
+        ContractError: wrong type/dtype/shape, or naming the first index over tolerance and its error.
+    """
+    got = check_tensor(what, actual, shape=expected.shape, dtype=expected.dtype)
+    default_atol, default_rtol = LOGIT_TOLERANCES.get(expected.dtype, (1e-5, 1e-5))
+    atol = default_atol if atol is None else atol
+    rtol = default_rtol if rtol is None else rtol
+    ref = expected.detach().to("cpu").to(torch.float64)
+    err = (got.to(torch.float64) - ref).abs()
+    over = err > atol + rtol * ref.abs()
+    if not bool(over.any()):
+        return float(err.max()) if err.numel() else 0.0
+    index = tuple(int(i) for i in over.nonzero()[0])
+    raise ContractError(f"{what} differs from the reference: first over tolerance at index {index}, |diff| "
+                        f"{float(err[index]):.3g} > atol {atol:g} + rtol {rtol:g}*|ref| ({expected.dtype}); "
+                        f"{int(over.sum())} of {over.numel()} values over; max |diff| {float(err.max()):.3g}")
+
+
+# -- byte counts -------------------------------------------------------------------------
+def check_bytes(actual, terms: Mapping[str, int], *, what: str = "bytes") -> int:
+    """Exact byte-count contract for a product formula.
+
+    Args:
+        actual: the learner's count; must be an exact int.
+        terms: the formula's factors in order, e.g. {"K and V": 2, "layers": 4, ...};
+            the expected count is their product.
+
+    Returns:
+        The expected count (== actual).
+
+    Raises:
+        ContractError: showing both numbers and every single term that, with another
+            integer value, would give the learner's number (e.g. "K and V = 1 instead of 2").
+    """
+    got = check_int(what, actual)
+    expected = math.prod(terms.values())
+    if got == expected:
+        return expected
+    formula = " * ".join(f"{name} {value}" for name, value in terms.items())
+    hints = []
+    for name, value in terms.items():
+        rest = expected // value if value else 0
+        if rest and got % rest == 0 and got // rest > 0:
+            hints.append(f"'{name}' = {got // rest} instead of {value}")
+    hint = ("; your number is what the formula gives with " + " or ".join(hints)) if hints else \
+        f"; ratio got/expected = {got / expected:.6g}" if expected else ""
+    raise ContractError(f"{what}: expected {expected:,} = {formula}, got {got:,}{hint}")

@@ -1,0 +1,338 @@
+"""Graded checks for Lab 2 (KV-cache equivalence).
+
+Each ``check_*`` takes the learner's *function*, builds its own inputs from a seed
+(fixed for the visible checks, ``fresh_seed()`` for hidden tests), runs the function,
+and compares the result with a course_lib reference under a contract from
+``contracts``. When a contract fails, the checker also tries the known faults of
+COURSE_SPEC Lab 2 (rotary position off by one, frozen position, position reset on
+append, misaligned KV-head repeat, cache never cropped) and names the one the learner's
+numbers match, so the message states the symptom, not just "wrong".
+"""
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+import torch
+
+from ..cache.contiguous import KVCache
+from ..models.attention import attend_with_cache, causal_attention
+from ..models.config import ModelConfig, toy_config
+from ..models.decoder import Decoder, generate_full_recompute
+from ..models.rope import apply_rope
+from .contracts import (ContractError, check_bytes, check_close, check_int_list, check_logits_close, check_tensor,
+                        first_divergence)
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _matches(candidate: torch.Tensor, got: torch.Tensor, atol: float = 1e-5) -> bool:
+    return candidate.shape == got.shape and bool(torch.allclose(got, candidate, atol=atol, rtol=1e-5))
+
+
+def _diagnose(err: ContractError, got: torch.Tensor, variants: dict[str, Callable[[], torch.Tensor]],
+              atol: float = 1e-5) -> ContractError:
+    """Re-raise ``err`` with the name of the first known fault whose output equals ``got``."""
+    for symptom, make in variants.items():
+        try:
+            candidate = make()
+        except Exception:  # a variant that cannot run on these inputs just is not the answer
+            continue
+        if _matches(candidate, got, atol):
+            return ContractError(f"{err}\nDiagnosis: your output equals the reference with this fault: {symptom}")
+    return err
+
+
+def _interleaved_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    D = x.shape[-1]
+    omega = 1.0 / theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
+    ang = positions.to(torch.float32)[..., None] * omega
+    ang = ang[None, None] if positions.dim() == 1 else ang[:, None]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = torch.stack([x1 * ang.cos() - x2 * ang.sin(), x2 * ang.cos() + x1 * ang.sin()], dim=-1)
+    return out.flatten(-2)
+
+
+# -- RoPE -------------------------------------------------------------------------------------
+def check_apply_rope(fn: Callable, seed: int = 0, cases: int = 4) -> None:
+    """Contract: fn(x (B,H,T,D) float32, positions (T,) or (B,T) int64, theta) equals the
+    split-half rotation of COURSE_SPEC Lab 2 within atol 1e-5 (float32)."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for case in range(cases):
+        B, H, T = rng.randint(1, 3), rng.randint(1, 4), rng.randint(1, 9)
+        D = 2 * rng.randint(1, 16)
+        theta = rng.choice([10000.0, 100000.0, 500.0])
+        x = torch.randn(B, H, T, D, generator=gen)
+        if case % 2:
+            positions = torch.randint(0, 4096, (B, T), generator=gen)
+        else:
+            positions = torch.randint(0, 4096, (T,), generator=gen)
+        if case == 0:
+            positions[0] = 0
+        expected = apply_rope(x, positions, theta)
+        got = fn(x.clone(), positions.clone(), theta)
+        try:
+            check_close(got, expected, what=f"apply_rope output (case {case}: x {tuple(x.shape)}, "
+                                            f"theta {theta:g})", atol=1e-5, rtol=1e-5)
+        except ContractError as err:
+            got_t = check_tensor("apply_rope output", got)
+            raise _diagnose(err, got_t, {
+                "rotary position off by one (rotated by position + 1)": lambda: apply_rope(x, positions + 1, theta),
+                "rotary position off by one (rotated by position - 1)": lambda: apply_rope(x, positions - 1, theta),
+                "interleaved pairs (2i, 2i+1) instead of split-half pairs (i, i + D/2)":
+                    lambda: _interleaved_rope(x, positions, theta),
+                "rotation in the wrong direction (sign of sin flipped)": lambda: apply_rope(x, -positions, theta),
+            }) from None
+
+
+# -- cached attention step ----------------------------------------------------------------------
+def check_attention_step(fn: Callable, seed: int = 0, cases: int = 4) -> None:
+    """Contract: fn(q, k_new, v_new, k_cache, v_cache, start) writes K/V at slots start..start+T-1
+    (and nowhere else) and returns causal GQA attention over slots 0..start+T-1 (atol 1e-5)."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for case in range(cases):
+        B, Hkv = rng.randint(1, 2), rng.choice([1, 2, 3])
+        group = [2, 3, 4, 1][case % 4] if case < 4 else rng.choice([1, 2, 3, 4])
+        Hq, D, S_max = Hkv * group, rng.choice([8, 16]), 32
+        start, T = rng.randint(0, 12), rng.choice([1, 1, 3, 6])
+        q = torch.randn(B, Hq, T, D, generator=gen)
+        k_new, v_new = torch.randn(B, Hkv, T, D, generator=gen), torch.randn(B, Hkv, T, D, generator=gen)
+        k_cache = torch.randn(B, Hkv, S_max, D, generator=gen)
+        v_cache = torch.randn(B, Hkv, S_max, D, generator=gen)
+        k_cache[:, :, start:] = 1e3          # unfilled slots hold junk that must never be read
+        v_cache[:, :, start:] = 1e3
+        ref_k, ref_v = k_cache.clone(), v_cache.clone()
+        expected = attend_with_cache(q, k_new, v_new, ref_k, ref_v, start)
+        got_k, got_v = k_cache.clone(), v_cache.clone()
+        got = fn(q.clone(), k_new.clone(), v_new.clone(), got_k, got_v, start)
+        label = f"case {case}: B {B}, {Hq} query heads over {Hkv} KV heads, start {start}, T {T}"
+        out = check_tensor(f"attention output ({label})", got, shape=expected.shape, dtype=expected.dtype)
+        if not torch.equal(got_k, ref_k) or not torch.equal(got_v, ref_v):
+            wrote = (got_k != k_cache).any(dim=(0, 1, 3)).nonzero().flatten().tolist()
+            slots = f"slots {wrote[0]}..{wrote[-1]}" if wrote else "no slot"
+            hint = " (position reset: the new block went to slot 0 instead of slot `start`)" \
+                if wrote and wrote[0] == 0 and start > 0 else ""
+            raise ContractError(f"KV cache after the step ({label}): expected K/V written to slots "
+                                f"{start}..{start + T - 1} and every other slot unchanged; your step "
+                                f"changed {slots}{hint}")
+        try:
+            check_close(out, expected, what=f"attention output ({label})")
+        except ContractError as err:
+            def misaligned():
+                kk = ref_k[:, :, :start + T].repeat(1, group, 1, 1)
+                vv = ref_v[:, :, :start + T].repeat(1, group, 1, 1)
+                return causal_attention(q, kk, vv, start)
+
+            def no_mask():
+                return _unmasked(q, ref_k[:, :, :start + T], ref_v[:, :, :start + T])
+            raise _diagnose(err, out, {
+                "KV-head repeat misaligned: query head h read KV head h % n_kv instead of h // group "
+                "(torch.repeat where the grouping needs repeat_interleave)": misaligned,
+                "no causal mask inside the new block (query i also attended to later new keys)": no_mask,
+            }) from None
+
+
+def _unmasked(q, k, v):
+    group = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    return ((q @ kk.transpose(-1, -2)) / q.shape[-1] ** 0.5).softmax(-1) @ vv
+
+
+# -- cached generation --------------------------------------------------------------------------
+def _hidden_model(seed: int) -> Decoder:
+    rng = random.Random(seed)
+    n_kv = rng.choice([1, 2, 3])
+    config = toy_config(n_layers=rng.choice([2, 3]), d_model=96, n_heads=n_kv * rng.choice([1, 2, 3]),
+                        n_kv_heads=n_kv, head_dim=16, d_ff=160, vocab_size=rng.choice([97, 256, 300]),
+                        rope_theta=rng.choice([10000.0, 500.0]), max_seq_len=256)
+    return Decoder.random(config, seed)
+
+
+class _TokenCounter:
+    """Counts token ids fed through a model's embedding (how much work the learner's loop did)."""
+
+    def __init__(self, model: Decoder):
+        self.count = 0
+        self.handle = model.embed_tokens.register_forward_hook(self._hook)
+
+    def _hook(self, module, inputs, output):
+        self.count += inputs[0].numel()
+
+    def close(self):
+        self.handle.remove()
+
+
+@torch.no_grad()
+def _generate_with_decode_positions(model: Decoder, prompt: torch.Tensor, n: int, position):
+    """Cached greedy generation whose decode step i (0-based) is fed ``position(i, cache_length, T0)``."""
+    T0 = prompt.numel()
+    cache = model.new_cache(1, T0 + n + 2)
+    step = model(prompt.view(1, -1), torch.arange(T0), cache)[0, -1]
+    logits = [step]
+    for i in range(n - 1):
+        pos = torch.tensor([position(i, cache.length, T0)])
+        step = model(step.argmax().view(1, 1), pos, cache)[0, -1]
+        logits.append(step)
+    return torch.stack(logits)
+
+
+def check_generation(fn: Callable, seed: int = 0, model: Decoder | None = None,
+                     prompt_len: int = 12, max_new_tokens: int = 32) -> None:
+    """Contract: fn(model, prompt (T0,) int64, max_new_tokens) -> (tokens, logits) with tokens
+    (n,) int64 (or a list of ints) and logits (n, vocab) float32, equal to greedy generation with
+    a full recompute at every step: logits within atol 1e-5 + rtol 1e-5 on the common prefix,
+    each token the argmax of its logits; and the loop must use the cache: at most T0 + n token
+    ids go through the model (a full recompute feeds about T0*n + n^2/2)."""
+    model = model if model is not None else _hidden_model(seed)
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.config.vocab_size, (prompt_len,), generator=gen)
+    ref_tokens, ref_logits = generate_full_recompute(model, prompt, max_new_tokens)
+    counter = _TokenCounter(model)
+    try:
+        result = fn(model, prompt.clone(), max_new_tokens)
+    finally:
+        counter.close()
+    if type(result) is not tuple or len(result) != 2:
+        raise ContractError(f"generate must return a tuple (tokens, logits), got {type(result).__qualname__}")
+    tokens = check_int_list("tokens", result[0])
+    logits = check_tensor("logits", result[1], shape=ref_logits.shape, dtype=torch.float32)
+    if len(tokens) != max_new_tokens:
+        raise ContractError(f"expected {max_new_tokens} tokens, got {len(tokens)}")
+    greedy = logits.argmax(-1).tolist()
+    if tokens != greedy:
+        step = first_divergence(tokens, greedy)
+        raise ContractError(f"token {step} is {tokens[step]} but the argmax of your logits at that step is "
+                            f"{greedy[step]}: greedy decoding emits the argmax")
+    try:
+        check_logits_close(logits, ref_logits, what="generation logits", tokens_actual=tokens,
+                           tokens_expected=ref_tokens.tolist(), position_offset=prompt_len - 1)
+    except ContractError as err:
+        raise _diagnose(err, logits, {
+            "rotary position off by one: decode tokens were fed position p + 1 instead of p":
+                lambda: _generate_with_decode_positions(model, prompt, max_new_tokens, lambda i, c, t0: c + 1),
+            "frozen position: every decode token was fed the same position (the prompt length)":
+                lambda: _generate_with_decode_positions(model, prompt, max_new_tokens, lambda i, c, t0: t0),
+            "position reset to 0 on each append: every decode token was fed position 0":
+                lambda: _generate_with_decode_positions(model, prompt, max_new_tokens, lambda i, c, t0: 0),
+        }) from None
+    limit = prompt_len + max_new_tokens
+    if counter.count > limit:
+        raise ContractError(f"the logits are right but {counter.count} token ids went through the model; a "
+                            f"cached loop feeds the prompt once and then one token per step (<= {limit})")
+
+
+# -- cache bytes ------------------------------------------------------------------------------
+def kv_cache_terms(config: ModelConfig, positions: int, bytes_per_value: int, batch: int = 1) -> dict:
+    """The factors of the KV-cache size formula 2 * L * n_kv * d_head * bytes * positions (* batch)."""
+    terms = {"K and V": 2, "layers": config.n_layers, "KV heads": config.n_kv_heads,
+             "head_dim": config.head_dim, "bytes per value": bytes_per_value, "positions": positions}
+    if batch != 1:
+        terms["batch"] = batch
+    return terms
+
+
+def check_kv_cache_bytes(formula_fn: Callable, measured_fn: Callable, seed: int = 0, cases: int = 3) -> None:
+    """Contracts: formula_fn(config, positions, bytes_per_value) == 2*L*n_kv*d_head*bytes*positions
+    exactly; measured_fn(cache) == bytes of the filled slots of cache.k and cache.v, read from the
+    tensors (any batch, any dtype)."""
+    rng = random.Random(seed)
+    for case in range(cases):
+        n_kv = rng.choice([1, 2, 4])
+        config = toy_config(n_layers=rng.randint(1, 6), n_heads=n_kv * rng.choice([2, 4]), n_kv_heads=n_kv,
+                            head_dim=rng.choice([16, 32, 64]), d_model=128, d_ff=256)
+        positions, nbytes = rng.randint(1, 5000), rng.choice([1, 2, 4])
+        check_bytes(formula_fn(config, positions, nbytes), kv_cache_terms(config, positions, nbytes),
+                    what=f"kv_cache_bytes(case {case}: {config.n_layers} layers, {config.n_heads} query heads, "
+                         f"{n_kv} KV heads, head_dim {config.head_dim}, {positions} positions, {nbytes} B/value)")
+        dtype = rng.choice([torch.float32, torch.bfloat16, torch.float16])
+        batch = rng.randint(1, 3)
+        cache = KVCache.for_model(config, batch=batch, max_len=64, dtype=dtype)
+        cache.length = rng.randint(1, 64)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        check_bytes(measured_fn(cache), kv_cache_terms(config, cache.length, itemsize, batch),
+                    what=f"measured_kv_bytes(case {case}: a {dtype} cache, batch {batch}, {cache.length} filled "
+                         f"of {cache.max_len} slots)")
+
+
+# -- first divergence -------------------------------------------------------------------------
+def check_first_divergence(fn: Callable, seed: int = 0, cases: int = 12) -> None:
+    """Contract: fn(a, b) for two lists of ints returns the first differing index, the shorter
+    length when one is a proper prefix of the other, and None when they are equal."""
+    rng = random.Random(seed)
+    pairs = [([], []), ([1], [1]), ([1, 2], [1, 2, 3]), ([5, 2, 3], [4, 2, 3]), ([1, 2, 3], [1, 2, 4])]
+    for _ in range(cases):
+        a = [rng.randint(0, 9) for _ in range(rng.randint(0, 20))]
+        b = list(a)
+        kind = rng.random()
+        if kind < 0.4 and b:
+            b[rng.randrange(len(b))] += 1
+        elif kind < 0.7:
+            b = b[:rng.randint(0, len(b))]
+        pairs.append((a, b) if rng.random() < 0.5 else (b, a))
+    for a, b in pairs:
+        expected = first_divergence(a, b)
+        got = fn(list(a), list(b))
+        if expected is None:
+            if got is not None:
+                raise ContractError(f"first_divergence({a}, {b}): the sequences are equal, expected None, got {got!r}")
+        elif type(got) is not int or got != expected:
+            raise ContractError(f"first_divergence({a}, {b}): expected {expected}, got {got!r}")
+
+
+# -- suffixes after a shared prefix ---------------------------------------------------------------
+@torch.no_grad()
+def _cold_last_logits(model: Decoder, ids: torch.Tensor) -> torch.Tensor:
+    return model(ids.view(1, -1), torch.arange(ids.numel()))[0, -1]
+
+
+@torch.no_grad()
+def _uncropped_suffix_logits(model: Decoder, prefix: torch.Tensor, suffixes) -> list[torch.Tensor]:
+    cache = model.new_cache(1, prefix.numel() + sum(s.numel() for s in suffixes) + 1)
+    model(prefix.view(1, -1), torch.arange(prefix.numel()), cache)
+    out = []
+    for s in suffixes:
+        pos = torch.arange(prefix.numel(), prefix.numel() + s.numel())
+        out.append(model(s.view(1, -1), pos, cache)[0, -1])
+    return out
+
+
+def check_suffix_scores(fn: Callable, seed: int = 0, model: Decoder | None = None,
+                        atol: float = 1e-4, rtol: float = 1e-5) -> None:
+    """Contract: fn(model, prefix (P,) int64, suffixes list of (S_i,) int64) returns one (vocab,)
+    float32 tensor per suffix, equal to the last-position logits of a cold full forward of
+    prefix + suffix (atol 1e-4, rtol 1e-5), while running the prefix through the model once."""
+    model = model if model is not None else _hidden_model(seed + 1)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    V = model.config.vocab_size
+    prefix = torch.randint(0, V, (rng.randint(20, 40),), generator=gen)
+    lengths = [rng.randint(5, 9), rng.randint(2, 4), rng.randint(3, 7)]
+    suffixes = [torch.randint(0, V, (n,), generator=gen) for n in lengths]
+    expected = [_cold_last_logits(model, torch.cat([prefix, s])) for s in suffixes]
+    counter = _TokenCounter(model)
+    try:
+        result = fn(model, prefix.clone(), [s.clone() for s in suffixes])
+    finally:
+        counter.close()
+    if type(result) not in (list, tuple) or len(result) != len(suffixes):
+        raise ContractError(f"expected a list of {len(suffixes)} logit tensors, got {type(result).__qualname__}"
+                            + (f" of length {len(result)}" if type(result) in (list, tuple) else ""))
+    got = [check_tensor(f"logits for suffix {i}", r, shape=(V,), dtype=torch.float32) for i, r in enumerate(result)]
+    for i, (g, e) in enumerate(zip(got, expected)):
+        try:
+            check_logits_close(g, e, what=f"last-position logits of suffix {i}", atol=atol, rtol=rtol,
+                               position_offset=prefix.numel() + suffixes[i].numel() - 1)
+        except ContractError as err:
+            uncropped = _uncropped_suffix_logits(model, prefix, suffixes)
+            if i > 0 and all(_matches(u, x, atol) for u, x in zip(uncropped, got)):
+                raise ContractError(
+                    f"{err}\nDiagnosis: suffix 0 matches a cold forward but later suffixes also attend to the keys "
+                    "of earlier suffixes: the shared prefix cache was extended in place and never cropped back "
+                    "to the prefix (copy it, or crop it, before each suffix)") from None
+            raise
+    limit = prefix.numel() + sum(s.numel() for s in suffixes)
+    if counter.count > limit:
+        raise ContractError(f"the logits are right but {counter.count} token ids went through the model; reusing "
+                            f"the prefix cache feeds the prefix once and each suffix once (<= {limit})")

@@ -1,0 +1,75 @@
+"""Causal attention over a KV cache, with grouped-query (GQA) head sharing.
+
+Source: COURSE_SPEC "Lab 2" (cached attention step; GQA/MQA) and Ainslie et al.,
+"GQA: Training Generalized Multi-Query Transformer Models" (2023). Query head h reads
+KV head h // (n_heads // n_kv_heads): consecutive query heads share one KV head, which
+is ``repeat_interleave`` on the head axis (``repeat`` would pair them round-robin).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B, Hkv, S, D) -> (B, Hkv * group_size, S, D), each KV head repeated for its group."""
+    if group_size == 1:
+        return x
+    return x.repeat_interleave(group_size, dim=1)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """Softmax attention of T new queries over S = start + T keys.
+
+    Args:
+        q: (B, Hq, T, D) rotated queries at absolute positions start .. start+T-1.
+        k, v: (B, Hkv, S, D) with S = start + T; Hkv divides Hq.
+        start: number of keys that precede the first query (cached positions).
+
+    Returns:
+        (B, Hq, T, D) in q's dtype; scores and softmax are computed in float32.
+        Query i may attend key j iff j <= start + i.
+    """
+    B, Hq, T, D = q.shape
+    S, Hkv = k.shape[-2], k.shape[1]
+    if S != start + T:
+        raise ValueError(f"expected start + T = {start + T} keys, got {S}")
+    if Hq % Hkv:
+        raise ValueError(f"KV heads ({Hkv}) must divide query heads ({Hq})")
+    kk = repeat_kv(k, Hq // Hkv).to(torch.float32)
+    vv = repeat_kv(v, Hq // Hkv).to(torch.float32)
+    scores = q.to(torch.float32) @ kk.transpose(-1, -2) / math.sqrt(D)      # (B, Hq, T, S)
+    query_pos = torch.arange(T, device=q.device)[:, None] + start
+    key_pos = torch.arange(S, device=q.device)[None, :]
+    scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
+    return (scores.softmax(dim=-1) @ vv).to(q.dtype)
+
+
+def attend_with_cache(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, start: int) -> torch.Tensor:
+    """One cached attention step (reference for the Lab 2 exercise of the same signature).
+
+    Writes the T new keys/values into the preallocated cache at slots start .. start+T-1,
+    then attends the T queries over slots 0 .. start+T-1 with a causal mask.
+
+    Args:
+        q: (B, Hq, T, D) rotated queries.
+        k_new, v_new: (B, Hkv, T, D) rotated keys and values of the new positions.
+        k_cache, v_cache: (B, Hkv, S_max, D) one layer's cache, written in place.
+        start: slots already filled (int, 0 <= start, start + T <= S_max).
+
+    Returns:
+        (B, Hq, T, D) attention output.
+
+    Raises:
+        ValueError: the new block does not fit in the cache, or shapes disagree.
+    """
+    T = q.shape[-2]
+    if k_new.shape != v_new.shape or k_new.shape[-2] != T:
+        raise ValueError(f"k_new {tuple(k_new.shape)} / v_new {tuple(v_new.shape)} do not match T={T}")
+    if start < 0 or start + T > k_cache.shape[-2]:
+        raise ValueError(f"slots {start}..{start + T - 1} do not fit a cache of {k_cache.shape[-2]}")
+    k_cache[:, :, start:start + T] = k_new
+    v_cache[:, :, start:start + T] = v_new
+    return causal_attention(q, k_cache[:, :, :start + T], v_cache[:, :, :start + T], start)

@@ -1,0 +1,70 @@
+"""Rotary position embedding (RoPE), split-half convention.
+
+Source: Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding"
+(2021), and COURSE_SPEC "Lab 2": each 2-D pair (x_i, x_{i+D/2}) is rotated by the
+angle position * omega_i with omega_i = theta^(-2i/D), i = 0 .. D/2 - 1. This is the
+pairing Hugging Face's Llama uses ("rotate_half"); llama.cpp's GGUF files store q/k
+rows permuted for the interleaved pairing, which transformers undoes on load.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def rope_frequencies(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
+    """Angular frequencies omega_i = theta^(-2i/head_dim), shape (head_dim // 2,), float32.
+
+    Raises:
+        ValueError: ``head_dim`` not a positive even int, or ``theta`` <= 0.
+    """
+    if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
+        raise ValueError(f"head_dim must be a positive even int, got {head_dim!r}")
+    if not theta > 0:
+        raise ValueError(f"theta must be > 0, got {theta!r}")
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    return 1.0 / (theta ** exponents)
+
+
+def rope_angles(positions: torch.Tensor, head_dim: int, theta: float = 10000.0) -> torch.Tensor:
+    """Rotation angles position * omega_i, shape positions.shape + (head_dim // 2,), float32 (radians)."""
+    omega = rope_frequencies(head_dim, theta)
+    return positions.to(torch.float32)[..., None] * omega
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+    """Rotate query or key vectors by their absolute positions.
+
+    Args:
+        x: (B, H, T, D) float tensor, D even.
+        positions: int tensor of shape (T,) shared by the batch, or (B, T): the absolute
+            position of each of the T vectors (not its slot in a cache).
+        theta: RoPE base.
+
+    Returns:
+        Tensor of x's shape and dtype; the rotation is computed in float32.
+
+    Raises:
+        ValueError: wrong ranks, odd D, or positions that do not match x's T (or B).
+    """
+    if x.dim() != 4:
+        raise ValueError(f"x must be (B, H, T, D), got shape {tuple(x.shape)}")
+    B, _, T, D = x.shape
+    if D % 2:
+        raise ValueError(f"x's last dimension must be even, got {D}")
+    if positions.dtype.is_floating_point or positions.dtype == torch.bool:
+        raise ValueError(f"positions must be an integer tensor, got {positions.dtype}")
+    if positions.dim() == 1:
+        if positions.shape[0] != T:
+            raise ValueError(f"positions has {positions.shape[0]} entries for T={T} vectors")
+        angles = rope_angles(positions, D, theta)[None, None]          # (1, 1, T, D/2)
+    elif positions.dim() == 2:
+        if tuple(positions.shape) != (B, T):
+            raise ValueError(f"positions must be (B, T)=({B}, {T}), got {tuple(positions.shape)}")
+        angles = rope_angles(positions, D, theta)[:, None]             # (B, 1, T, D/2)
+    else:
+        raise ValueError(f"positions must be (T,) or (B, T), got shape {tuple(positions.shape)}")
+    cos, sin = angles.cos(), angles.sin()
+    xf = x.to(torch.float32)
+    x1, x2 = xf[..., : D // 2], xf[..., D // 2:]
+    rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return rotated.to(x.dtype)
