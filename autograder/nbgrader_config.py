@@ -48,7 +48,15 @@ c.CourseDirectory.autograded_directory = os.path.join(_WORK, "autograded")
 c.CourseDirectory.feedback_directory = os.path.join(_WORK, "feedback")
 c.CourseDirectory.solution_directory = os.path.join(_WORK, "solution")
 c.CourseDirectory.source_with_tests_directory = os.path.join(_WORK, "source_with_tests")
+# sqlite cannot create the gradebook file inside a missing folder, so make the folder.
+try:
+    os.makedirs(os.path.join(REPO_ROOT, _WORK), exist_ok=True)
+except OSError:  # read-only checkout: only the driver's own work course is used then
+    pass
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(REPO_ROOT, _WORK, "gradebook.db")
+
+# `nbgrader export` writes here rather than to ./grades.csv in the working directory.
+c.CsvExportPlugin.to = os.path.join(REPO_ROOT, _WORK, "grades.csv")
 
 # --- Release: markers for what the learner must not see ----------------------------
 # ClearSolutions / ClearHiddenTests test `delimiter in line`; spelling the full marker

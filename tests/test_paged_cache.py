@@ -315,6 +315,17 @@ def test_prefix_entries_disappear_when_blocks_are_freed():
     assert pool.lookup_prefix(tokens) == []
 
 
+def test_hash_collision_is_not_a_prefix_hit(monkeypatch):
+    import course_lib.cache.paged as paged
+    monkeypatch.setattr(paged, "compute_block_hash", lambda token_ids, prefix_hash=None: 0)
+    pool, cache = make(num_blocks=8, block_size=4)
+    a = cache.new_sequence()
+    cache.append(a, *kv_of_tokens([1, 2, 3, 4], 0), token_ids=[1, 2, 3, 4])
+    assert pool.hash_to_block_id == {0: a.block_table[0]}
+    assert pool.lookup_prefix([5, 6, 7, 8]) == []  # same hash, other tokens
+    assert pool.lookup_prefix([1, 2, 3, 4]) == a.block_table
+
+
 def test_no_hashing_without_token_ids_and_no_mixing():
     pool, cache = make(num_blocks=8, block_size=4)
     a = cache.new_sequence()
@@ -356,6 +367,8 @@ def test_random_operations_against_list_model(seed):
 
     for _ in range(300):
         op = rng.choices(["new", "prefix", "append", "fork", "release"], [2, 2, 8, 3, 3])[0]
+        if len(seqs) > 6:  # keep the pool mostly usable: exhaustion is tested, not the norm
+            op = "release"
         if op == "new" or (op != "prefix" and not seqs):
             new_entry(cache.new_sequence(), [], [], [] if rng.random() < 0.7 else None)
         elif op == "prefix":

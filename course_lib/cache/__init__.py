@@ -1,4 +1,5 @@
 """KV caches: contiguous (preallocated) and paged (block pool + block tables)."""
 from .contiguous import KVCache
+from .paged import BlockPool, BlockPoolExhaustedError, PagedKVCache, PagedSequence, compute_block_hash
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "BlockPool", "BlockPoolExhaustedError", "PagedKVCache", "PagedSequence", "compute_block_hash"]

@@ -63,8 +63,10 @@ class KVCache:
         self.length = length
 
     def clone(self) -> "KVCache":
-        """An independent deep copy (storage included)."""
-        return copy.deepcopy(self)
+        """An independent copy (storage included, detached from any autograd graph)."""
+        twin = copy.copy(self)
+        twin.k, twin.v = self.k.detach().clone(), self.v.detach().clone()
+        return twin
 
     def filled_bytes(self) -> int:
         """Bytes held by the filled slots of K and V, measured from the tensors."""

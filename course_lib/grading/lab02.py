@@ -336,3 +336,83 @@ def check_suffix_scores(fn: Callable, seed: int = 0, model: Decoder | None = Non
     if counter.count > limit:
         raise ContractError(f"the logits are right but {counter.count} token ids went through the model; reusing "
                             f"the prefix cache feeds the prefix once and each suffix once (<= {limit})")
+
+
+# -- paged KV cache ---------------------------------------------------------------------------
+def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: int = 2) -> None:
+    """Contract: append_fn(pool, seq, k, v) / read_fn(pool, seq) behave like the reference
+    ``PagedKVCache`` on a fork scenario: reads equal the appended K/V exactly (logical order);
+    after a fork the full prefix blocks stay shared (same physical ids), the shared partially
+    filled block is copied on write by whichever sequence appends first, the other sequence's
+    data never changes, and the pool ends with the reference's ref counts and free blocks."""
+    from ..cache.paged import BlockPool, PagedKVCache, PagedSequence
+
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for case in range(cases):
+        bs, n_kv, D = rng.choice([4, 5, 16]), rng.choice([1, 2]), rng.choice([4, 8])
+        P = bs * rng.randint(1, 3) + rng.randint(1, bs - 1)          # ends inside a block
+        extra_a, extra_b = rng.randint(1, 2 * bs), rng.randint(1, 2 * bs)
+        kv = lambda n: (torch.randn(n, n_kv, D, generator=gen), torch.randn(n, n_kv, D, generator=gen))  # noqa: E731
+        prefix, tail_b, tail_a = kv(P), kv(extra_b), kv(extra_a)
+        label = f"case {case}: block_size {bs}, prefix {P} positions, then {extra_b} and {extra_a} more"
+
+        def replay(pool, append, fork):
+            a = PagedSequence()
+            cut = rng_cut[0]
+            append(pool, a, prefix[0][:cut], prefix[1][:cut])
+            append(pool, a, prefix[0][cut:], prefix[1][cut:])
+            a_table_before = list(a.block_table)
+            b = fork(a)
+            append(pool, b, *tail_b)
+            return a, b, a_table_before
+
+        rng_cut = [rng.randint(1, P - 1)]
+        ref_pool = BlockPool(64, bs, n_kv, D)
+        ref_cache = PagedKVCache(ref_pool)
+        ref_a, ref_b, _ = replay(ref_pool, lambda p, s, k, v: ref_cache.append(s, k, v), ref_cache.fork)
+        ref_cache.append(ref_a, *tail_a)
+
+        pool = BlockPool(64, bs, n_kv, D)
+        helper = PagedKVCache(pool)
+        a, b, a_table = replay(pool, append_fn, helper.fork)
+
+        def read(seq, name, truth):
+            if type(seq) is not PagedSequence or type(seq.length) is not int or seq.length != truth[0].shape[0]:
+                raise ContractError(f"{label}: after the appends {name}.length should be {truth[0].shape[0]}, "
+                                    f"got {getattr(seq, 'length', None)!r}")
+            out = read_fn(pool, seq)
+            if type(out) is not tuple or len(out) != 2:
+                raise ContractError(f"{label}: paged_read must return a tuple (k, v)")
+            for got, want, part in zip(out, truth, "kv"):
+                got = check_tensor(f"paged_read {part} of {name}", got, shape=want.shape, dtype=want.dtype)
+                if not torch.equal(got, want):
+                    bad = int((got != want).flatten(1).any(1).nonzero()[0])
+                    blk, off = divmod(bad, bs)
+                    raise ContractError(f"{label}: paged_read of {name} differs from the appended {part.upper()} "
+                                        f"at position {bad} (logical block {blk}, offset {off})")
+
+        truth_a = (prefix[0], prefix[1])
+        read(a, "the original sequence", truth_a)      # B's append must not have touched A's data
+        truth_b = (torch.cat([prefix[0], tail_b[0]]), torch.cat([prefix[1], tail_b[1]]))
+        try:
+            read(b, "the fork", truth_b)
+        except ContractError as err:
+            raise ContractError(f"{err}\nDiagnosis: the fork's copy-on-write did not carry over the filled slots "
+                                "of the shared block, or the fork's table points at the wrong blocks") from None
+        full = P // bs
+        if b.block_table[:full] != a_table[:full]:
+            raise ContractError(f"{label}: the fork's full prefix blocks changed from {a_table[:full]} to "
+                                f"{b.block_table[:full]}: full shared blocks are never written, so they must stay "
+                                "shared (copy only the partially filled last block)")
+        if b.block_table[full] == a_table[full]:
+            raise ContractError(f"{label}: the fork wrote into the shared, partially filled block {a_table[full]} "
+                                "instead of copying it first (copy-on-write)")
+        append_fn(pool, a, *tail_a)
+        read(a, "the original sequence", (torch.cat([prefix[0], tail_a[0]]), torch.cat([prefix[1], tail_a[1]])))
+        read(b, "the fork", truth_b)
+        if sorted(pool.ref_counts) != sorted(ref_pool.ref_counts) or pool.num_free != ref_pool.num_free:
+            raise ContractError(f"{label}: the pool ends with {pool.num_blocks - pool.num_free} blocks in use and "
+                                f"ref counts {sorted(c for c in pool.ref_counts if c)}; the reference uses "
+                                f"{ref_pool.num_blocks - ref_pool.num_free} with {sorted(c for c in ref_pool.ref_counts if c)}"
+                                " (a leaked block, a missing decref, or a needless copy)")

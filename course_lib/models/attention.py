@@ -39,11 +39,19 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
         raise ValueError(f"KV heads ({Hkv}) must divide query heads ({Hq})")
     kk = repeat_kv(k, Hq // Hkv).to(torch.float32)
     vv = repeat_kv(v, Hq // Hkv).to(torch.float32)
-    scores = q.to(torch.float32) @ kk.transpose(-1, -2) / math.sqrt(D)      # (B, Hq, T, S)
-    query_pos = torch.arange(T, device=q.device)[:, None] + start
-    key_pos = torch.arange(S, device=q.device)[None, :]
-    scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
-    return (scores.softmax(dim=-1) @ vv).to(q.dtype)
+    # softmax(q k^T / sqrt(D) + mask) v, fused by PyTorch (same math, far less memory traffic
+    # than materialising the (T, S) score matrix on long prompts).
+    mask, is_causal = None, False
+    if T == 1:
+        pass                                            # the newest query sees every key
+    elif start == 0:
+        is_causal = True                                # plain lower-triangular mask
+    else:
+        query_pos = torch.arange(T, device=q.device)[:, None] + start
+        mask = torch.arange(S, device=q.device)[None, :] <= query_pos    # True = may attend
+    out = torch.nn.functional.scaled_dot_product_attention(q.to(torch.float32), kk, vv, attn_mask=mask,
+                                                           is_causal=is_causal, scale=1.0 / math.sqrt(D))
+    return out.to(q.dtype)
 
 
 def attend_with_cache(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,

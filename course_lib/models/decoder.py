@@ -18,7 +18,7 @@ from torch import nn
 from ..cache.contiguous import KVCache
 from .attention import attend_with_cache, causal_attention
 from .config import ModelConfig, toy_config
-from .rope import apply_rope
+from .rope import rope_cos_sin, rotate_pairs
 
 AttentionFn = Callable[..., torch.Tensor]
 
@@ -53,16 +53,15 @@ class Block(nn.Module):
         self.up_proj = nn.Linear(c.d_model, c.d_ff, bias=False)
         self.down_proj = nn.Linear(c.d_ff, c.d_model, bias=False)
 
-    def forward(self, x, positions, kv: tuple[torch.Tensor, torch.Tensor] | None, start: int,
-                attention_fn: AttentionFn) -> torch.Tensor:
+    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv: tuple[torch.Tensor, torch.Tensor] | None,
+                start: int, attention_fn: AttentionFn) -> torch.Tensor:
         c = self.c
         B, T, _ = x.shape
         h = self.input_layernorm(x)
         q = self.q_proj(h).view(B, T, c.n_heads, c.head_dim).transpose(1, 2)
         k = self.k_proj(h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
-        q = apply_rope(q, positions, c.rope_theta)
-        k = apply_rope(k, positions, c.rope_theta)
+        q, k = rotate_pairs(q, *rope), rotate_pairs(k, *rope)
         if kv is None:
             attn = causal_attention(q, k, v, 0)
         else:
@@ -74,6 +73,9 @@ class Block(nn.Module):
 
 class Decoder(nn.Module):
     """Llama-style decoder with an explicit KV cache and explicit positions.
+
+    The constructors ``random`` and ``from_hf_state_dict`` return an inference model
+    (eval mode, parameters without gradients), so no autograd graph reaches the cache.
 
     Args:
         config: the model's ``ModelConfig``.
@@ -103,7 +105,7 @@ class Decoder(nn.Module):
                 elif p.dim() == 2:
                     std = 1.0 if name == "embed_tokens.weight" else p.shape[1] ** -0.5
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
-        return model.eval()
+        return model.eval().requires_grad_(False)
 
     @classmethod
     def from_hf_state_dict(cls, config: ModelConfig, state_dict: Mapping[str, torch.Tensor]) -> "Decoder":
@@ -134,11 +136,11 @@ class Decoder(nn.Module):
             if tuple(ours[name].shape) != tuple(shape):
                 raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(ours[name].shape)}")
         model.load_state_dict(ours, strict=False)
-        return model.eval()
+        return model.eval().requires_grad_(False)
 
     # -- forward ------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
-                attention_fn: AttentionFn | None = None) -> torch.Tensor:
+                attention_fn: AttentionFn | None = None, last_only: bool = False) -> torch.Tensor:
         """Logits for T new tokens.
 
         Args:
@@ -149,9 +151,11 @@ class Decoder(nn.Module):
                 cache.length advances by T. Without it, a plain causal forward.
             attention_fn: replaces ``attend_with_cache`` (same signature) for cached
                 forwards; Lab 2 plugs the learner's attention step in here.
+            last_only: compute logits for the last position only (B, 1, vocab): what
+                generation needs; skips the output head's work on the other T - 1 positions.
 
         Returns:
-            (B, T, vocab_size) float32 logits.
+            (B, T, vocab_size) float32 logits, or (B, 1, vocab_size) with ``last_only``.
 
         Raises:
             ValueError: wrong ranks/dtypes, a position outside the RoPE table, or a cache
@@ -169,13 +173,18 @@ class Decoder(nn.Module):
             start = cache.length
             if start + T > cache.max_len:
                 raise ValueError(f"KV cache overflow: {start} filled + {T} new > max_len {cache.max_len}")
+        if positions.shape[-1] != T:
+            raise ValueError(f"positions has {positions.shape[-1]} entries for T={T} tokens")
         attention_fn = attention_fn or attend_with_cache
+        rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, batch=B)  # once per forward
         x = self.embed_tokens(input_ids)
         for i, block in enumerate(self.layers):
             kv = cache.layer(i) if cache is not None else None
-            x = block(x, positions, kv, start, attention_fn)
+            x = block(x, rope, kv, start, attention_fn)
         if cache is not None:
             cache.advance(T)
+        if last_only:
+            x = x[:, -1:]
         return self.lm_head(self.norm(x)).to(torch.float32)
 
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:

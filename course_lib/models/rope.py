@@ -31,6 +31,39 @@ def rope_angles(positions: torch.Tensor, head_dim: int, theta: float = 10000.0) 
     return positions.to(torch.float32)[..., None] * omega
 
 
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, batch: int | None = None):
+    """cos and sin of the rotation angles, broadcastable against (B, H, T, head_dim // 2).
+
+    Args:
+        positions: int tensor (T,) shared by the batch, or (B, T).
+        batch: when given, a (B, T) ``positions`` must have this B.
+
+    Returns:
+        (cos, sin), each float32 of shape (1, 1, T, head_dim // 2) or (B, 1, T, head_dim // 2).
+
+    Raises:
+        ValueError: float/bool positions, or a rank other than 1 or 2, or a batch mismatch.
+    """
+    if positions.dtype.is_floating_point or positions.dtype == torch.bool:
+        raise ValueError(f"positions must be an integer tensor, got {positions.dtype}")
+    if positions.dim() not in (1, 2):
+        raise ValueError(f"positions must be (T,) or (B, T), got shape {tuple(positions.shape)}")
+    if positions.dim() == 2 and batch is not None and positions.shape[0] != batch:
+        raise ValueError(f"positions must be (B, T) with B={batch}, got {tuple(positions.shape)}")
+    angles = rope_angles(positions, head_dim, theta)
+    angles = angles[None, None] if positions.dim() == 1 else angles[:, None]
+    return angles.cos(), angles.sin()
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Turn each split-half pair (x_i, x_{i+D/2}) of x (B, H, T, D) by the angle whose cos/sin
+    are given (from ``rope_cos_sin``). Computed in float32, returned in x's dtype."""
+    D = x.shape[-1]
+    xf = x.to(torch.float32)
+    x1, x2 = xf[..., : D // 2], xf[..., D // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
     """Rotate query or key vectors by their absolute positions.
 
@@ -51,20 +84,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0)
     B, _, T, D = x.shape
     if D % 2:
         raise ValueError(f"x's last dimension must be even, got {D}")
-    if positions.dtype.is_floating_point or positions.dtype == torch.bool:
-        raise ValueError(f"positions must be an integer tensor, got {positions.dtype}")
-    if positions.dim() == 1:
-        if positions.shape[0] != T:
-            raise ValueError(f"positions has {positions.shape[0]} entries for T={T} vectors")
-        angles = rope_angles(positions, D, theta)[None, None]          # (1, 1, T, D/2)
-    elif positions.dim() == 2:
-        if tuple(positions.shape) != (B, T):
-            raise ValueError(f"positions must be (B, T)=({B}, {T}), got {tuple(positions.shape)}")
-        angles = rope_angles(positions, D, theta)[:, None]             # (B, 1, T, D/2)
-    else:
-        raise ValueError(f"positions must be (T,) or (B, T), got shape {tuple(positions.shape)}")
-    cos, sin = angles.cos(), angles.sin()
-    xf = x.to(torch.float32)
-    x1, x2 = xf[..., : D // 2], xf[..., D // 2:]
-    rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-    return rotated.to(x.dtype)
+    if positions.dim() >= 1 and positions.shape[-1] != T:
+        raise ValueError(f"positions has {positions.shape[-1]} entries for T={T} vectors")
+    cos, sin = rope_cos_sin(positions, D, theta, batch=B)
+    return rotate_pairs(x, cos, sin)

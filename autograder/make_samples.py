@@ -1,0 +1,106 @@
+#!/usr/bin/env python
+"""Regenerate the sample submissions in autograder/samples/ from labs/ and solutions/.
+
+    python autograder/make_samples.py          (or: make samples)
+
+For each lab in FAULTS this writes, as nbgrader's submitted layout
+``samples/{learner}/{lab}/{lab}.ipynb``:
+- ``solution``: the learner release with every solution cell filled in from solutions/
+  (markers removed) - what a learner who solved everything hands in;
+- ``release``: the untouched learner release (every exercise still raises);
+- one ``fault_*`` learner per injected fault of COURSE_SPEC: the solution with one small,
+  realistic edit in one solution cell.
+
+The expected scores are NOT generated: ``samples/expected_scores.csv`` is written by hand
+from what each fault should lose, so a grader that stops catching a fault fails CI.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "autograder" / "samples"
+MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
+
+# lab -> learner -> list of (solution cell grade_id, text to find, replacement). Each edit
+# must match exactly once, so a change to the solution cannot silently disable a fault.
+FAULTS: dict[str, dict[str, list[tuple[str, str, str]]]] = {
+    "02_kv_cache": {
+        "fault_rope_off_by_one": [(
+            "generate_with_cache",
+            "position = torch.tensor([cache.length])",
+            "position = torch.tensor([cache.length + 1])")],
+        "fault_frozen_position": [(
+            "generate_with_cache",
+            "position = torch.tensor([cache.length])",
+            "position = torch.tensor([prompt.numel()])")],
+        "fault_position_reset": [(
+            "generate_with_cache",
+            "position = torch.tensor([cache.length])",
+            "position = torch.arange(1)                        # positions restart at 0 on every append")],
+        "fault_kv_repeat_misaligned": [(
+            "attend_with_cache",
+            "k = k_cache[:, :, :start + T].repeat_interleave(group, dim=1)\n"
+            "    v = v_cache[:, :, :start + T].repeat_interleave(group, dim=1)",
+            "k = k_cache[:, :, :start + T].repeat(1, group, 1, 1)\n"
+            "    v = v_cache[:, :, :start + T].repeat(1, group, 1, 1)")],
+        "fault_cache_never_cropped": [
+            ("score_suffixes",
+             "max_len=P + max(s.numel() for s in suffixes)",
+             "max_len=P + sum(s.numel() for s in suffixes)"),
+            ("score_suffixes",
+             "        cache.crop(P)                                       # forget the previous branch\n",
+             "")],
+    },
+}
+
+
+def _grade_id(cell) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def _solution_sources(lab: str) -> dict[str, str]:
+    source = nbformat.read(ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+    out = {}
+    for cell in source.cells:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
+            lines = [ln for ln in cell.source.splitlines() if ln.strip() not in MARKERS]
+            out[_grade_id(cell)] = "\n".join(lines)
+    return out
+
+
+def build(lab: str) -> dict[str, nbformat.NotebookNode]:
+    release = nbformat.read(ROOT / "labs" / lab / f"{lab}.ipynb", as_version=4)
+    solved = copy.deepcopy(release)
+    sources = _solution_sources(lab)
+    for cell in solved.cells:
+        if _grade_id(cell) in sources:
+            cell.source = sources[_grade_id(cell)]
+    notebooks = {"solution": solved, "release": release}
+    for learner, edits in FAULTS[lab].items():
+        nb = copy.deepcopy(solved)
+        for grade_id, old, new in edits:
+            cell = next(c for c in nb.cells if _grade_id(c) == grade_id)
+            if cell.source.count(old) != 1:
+                sys.exit(f"make_samples: {learner}: expected exactly one {old!r} in cell {grade_id}, "
+                         f"found {cell.source.count(old)}; update FAULTS to the new solution")
+            cell.source = cell.source.replace(old, new)
+        notebooks[learner] = nb
+    return notebooks
+
+
+def main() -> None:
+    for lab in FAULTS:
+        for learner, nb in build(lab).items():
+            path = SAMPLES / learner / lab / f"{lab}.ipynb"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            nbformat.write(nb, path)
+            print(f"wrote {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

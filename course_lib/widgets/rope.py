@@ -1,0 +1,97 @@
+"""RoPE explorer: how each 2-D pair of a head vector turns with position (COURSE_SPEC Lab 2).
+
+Pair i turns by the angle position * omega_i with omega_i = base^(-2i/d) (d = 2 * pairs):
+the first pair spins fastest, the last barely moves, so nearby positions differ in
+the fast pairs and distant ones in the slow pairs. ``rope_explorer_state`` computes
+what the widget draws (testable without a browser); ``rope_explorer`` wires it to
+ipywidgets sliders and a matplotlib figure.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..models.rope import apply_rope
+
+
+def rope_explorer_state(position: int, n_pairs: int, base: float = 10000.0, seed: int = 0) -> dict:
+    """What the RoPE widget shows for one setting.
+
+    Args:
+        position: absolute position (int >= 0).
+        n_pairs: number of 2-D pairs, head_dim = 2 * n_pairs (int >= 1).
+        base: RoPE base theta (> 1).
+        seed: seed of the example vector.
+
+    Returns:
+        dict with ``omega`` (n_pairs,) rad/position, ``angles`` (n_pairs,) rad (position * omega,
+        not wrapped), ``turns`` (n_pairs,) full turns, ``original`` and ``rotated`` (n_pairs, 2)
+        pair coordinates (x_i, x_{i+d/2}) before and after rotation, and ``norm_before`` /
+        ``norm_after`` of the whole vector (equal: a rotation preserves length).
+
+    Raises:
+        ValueError: position < 0, n_pairs < 1 or base <= 1.
+    """
+    if not isinstance(position, int) or position < 0:
+        raise ValueError(f"position must be an int >= 0, got {position!r}")
+    if not isinstance(n_pairs, int) or n_pairs < 1:
+        raise ValueError(f"n_pairs must be an int >= 1, got {n_pairs!r}")
+    if not base > 1:
+        raise ValueError(f"base must be > 1, got {base!r}")
+    d = 2 * n_pairs
+    omega = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    x = torch.randn(1, 1, 1, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    rotated = apply_rope(x, torch.tensor([position]), base)[0, 0, 0]
+    pairs = lambda v: torch.stack([v[:n_pairs], v[n_pairs:]], dim=-1)  # noqa: E731
+    angles = position * omega
+    return {"omega": omega, "angles": angles, "turns": angles / (2 * math.pi),
+            "original": pairs(x[0, 0, 0]), "rotated": pairs(rotated),
+            "norm_before": float(x.norm()), "norm_after": float(rotated.norm())}
+
+
+def rope_explorer(position: int = 5, n_pairs: int = 8, base: float = 10000.0):
+    """An ipywidgets panel: sliders for position, pairs and base, a plot of every pair before
+    (grey) and after (colour) rotation, and a table of angles. Returns the widget; its
+    ``update()`` attribute redraws for the current slider values (used by the tests)."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+
+    pos = widgets.IntSlider(value=position, min=0, max=4096, description="position")
+    pairs = widgets.IntSlider(value=n_pairs, min=1, max=16, description="pairs")
+    base_w = widgets.FloatLogSlider(value=base, base=10, min=1, max=6, description="base")
+    out = widgets.Output()
+
+    def update(*_):
+        state = rope_explorer_state(int(pos.value), int(pairs.value), float(base_w.value))
+        out.clear_output(wait=True)
+        with out:
+            n = int(pairs.value)
+            cols = min(n, 8)
+            rows = math.ceil(n / cols)
+            fig, axes = plt.subplots(rows, cols, figsize=(1.6 * cols, 1.7 * rows + 0.3), squeeze=False)
+            for i, ax in enumerate(axes.flat):
+                ax.set_axis_off()
+                if i >= n:
+                    continue
+                o, r = state["original"][i], state["rotated"][i]
+                lim = 1.1 * float(o.norm()) + 1e-9
+                ax.add_patch(plt.Circle((0, 0), float(o.norm()), fill=False, lw=0.5, color="0.8"))
+                ax.arrow(0, 0, float(o[0]), float(o[1]), color="0.6", width=0.01 * lim)
+                ax.arrow(0, 0, float(r[0]), float(r[1]), color="C0", width=0.01 * lim)
+                ax.set_xlim(-lim, lim)
+                ax.set_ylim(-lim, lim)
+                ax.set_aspect("equal")
+                ax.set_title(f"pair {i}\n{float(state['turns'][i]):.3g} turns", fontsize=8)
+            fig.suptitle(f"position {pos.value}, base {base_w.value:.3g}: |x| {state['norm_before']:.4f} "
+                         f"-> {state['norm_after']:.4f}", fontsize=9)
+            plt.tight_layout()
+            plt.show()
+        return state
+
+    for w in (pos, pairs, base_w):
+        w.observe(update, names="value")
+    panel = widgets.VBox([widgets.HBox([pos, pairs, base_w]), out])
+    panel.update = update
+    update()
+    return panel

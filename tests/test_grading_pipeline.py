@@ -1,0 +1,300 @@
+"""End-to-end tests of the grading pipeline (autograder/) on a tiny throwaway lab.
+
+The lab `01_tiny` is built in a temporary course root: one solution cell `add(a, b)` and
+two graded test cells (1 and 2 points), the second with hidden tests. Its release comes
+from stock `nbgrader generate_assignment` with the course's nbgrader_config.py; the
+submissions are edits of that release. The grading driver then runs twice on the same
+submissions (`--jobs 1` and `--jobs 2`) and every test reads those two runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+# Runs notebooks through nbgrader (about 100 s on 2 cores). The module-scoped fixture
+# below grades once per process: under pytest-xdist use `--dist loadgroup` (or
+# loadscope/loadfile) so one worker runs all of these tests instead of each grading.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("grading_pipeline")]
+
+REPO = Path(__file__).resolve().parents[1]
+DRIVER = REPO / "autograder" / "grade.py"
+CONFIG = REPO / "autograder" / "nbgrader_config.py"
+LAB = "01_tiny"
+COMMA_LEARNER = "smith, john"
+CELL_TIMEOUT = 5  # seconds; frank's hidden test sleeps past it
+
+SOLUTION = "def add(a, b):\n    ### BEGIN SOLUTION\n    return a + b\n    ### END SOLUTION"
+VISIBLE_TEST = "assert add(1, 2) == 3"
+HIDDEN_TEST = "assert add(0, 0) == 0\n### BEGIN HIDDEN TESTS\nassert add(-1, 5) == 4\n### END HIDDEN TESTS"
+
+# learner -> body of the solution cell (None: the release left as it is)
+ANSWERS = {
+    "alice": "def add(a, b):\n    return a + b",
+    "bob": None,
+    "carol": "def add(a, b):\n    return a + b if a >= 0 else 0",  # fails the hidden test only
+    "dave": ("import sys, warnings\n"
+             "def add(a, b):\n"
+             "    print('debug: adding', file=sys.stderr)\n"
+             "    warnings.warn('this add is old')\n"
+             "    return a + b"),
+    COMMA_LEARNER: "def add(a, b):\n    return a + b",
+    "frank": ("import time\n"
+              "def add(a, b):\n"
+              "    if a < 0:\n"
+              "        time.sleep(3600)  # hangs in the hidden test only\n"
+              "    return a + b"),
+    "gina": "import os\ndef add(a, b):\n    os._exit(1)  # kills the kernel",
+}
+EXPECTED_TOTALS = {"alice": 3, "bob": 0, "carol": 1, "dave": 3, "eve": 0, COMMA_LEARNER: 3, "frank": 1, "gina": 0}
+
+
+def load_driver():
+    spec = importlib.util.spec_from_file_location("course_grade_driver", DRIVER)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def nbgrader_meta(grade=False, solution=False, locked=False, grade_id="", points=None):
+    meta = {"grade": grade, "solution": solution, "locked": locked, "task": False,
+            "schema_version": 3, "grade_id": grade_id}
+    if grade:
+        meta["points"] = points
+    return {"nbgrader": meta}
+
+
+def write_source(root: Path) -> Path:
+    nb = new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [
+        new_markdown_cell("# A tiny lab\nWrite `add(a, b)`."),
+        new_code_cell(SOLUTION, metadata=nbgrader_meta(solution=True, grade_id="add")),
+        new_code_cell(VISIBLE_TEST, metadata=nbgrader_meta(grade=True, locked=True, grade_id="test_visible", points=1)),
+        new_code_cell(HIDDEN_TEST, metadata=nbgrader_meta(grade=True, locked=True, grade_id="test_hidden", points=2)),
+    ]
+    path = root / "solutions" / LAB / f"{LAB}.ipynb"
+    path.parent.mkdir(parents=True)
+    nbformat.write(nb, path)
+    return path
+
+
+def env_with_venv_path() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])  # nbgrader runs alembic
+    return env
+
+
+def stock_release(root: Path) -> Path:
+    """Stock `nbgrader generate_assignment` with the course config, paths overridden to ROOT."""
+    cmd = [sys.executable, "-m", "nbgrader", "generate_assignment", LAB,
+           f"--NbGrader.config_file={CONFIG.with_suffix('')}",
+           f"--CourseDirectory.root={root}", "--CourseDirectory.release_directory=release",
+           f"--CourseDirectory.db_url=sqlite:///{root / 'stock_gradebook.db'}"]
+    done = subprocess.run(cmd, cwd=root, env=env_with_venv_path(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root / "release" / LAB / f"{LAB}.ipynb"
+
+
+def write_submissions(release: Path, folder: Path) -> None:
+    for learner, body in ANSWERS.items():
+        nb = nbformat.read(release, as_version=4)
+        if body is not None:
+            (cell,) = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "add"]
+            cell.source = body
+        path = folder / learner / LAB / f"{LAB}.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(nb, path)
+    corrupt = folder / "eve" / LAB / f"{LAB}.ipynb"
+    corrupt.parent.mkdir(parents=True)
+    corrupt.write_text('{"cells": [')
+
+
+def write_expected(path: Path, totals: dict[str, float], cells: list[tuple[str, str, float]]) -> None:
+    rows = [{"learner": k, "lab": LAB, "cell": "total", "score": v} for k, v in totals.items()]
+    rows += [{"learner": k, "lab": LAB, "cell": cell, "score": v} for k, cell, v in cells]
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def snapshot(*folders: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for folder in folders for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def run_driver(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(DRIVER), *map(str, args)], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    """Build the tiny course, then grade it serially (expecting a match) and with 2 jobs
+    (against an expected file with one wrong row, expecting exit 1)."""
+    root = tmp_path_factory.mktemp("course")
+    write_source(root)
+    release = stock_release(root)
+    submissions = root / "submitted_batch"
+    write_submissions(release, submissions)
+    before = snapshot(submissions, root / "solutions", root / "release")
+    cell_rows = [("carol", "test_visible", 1), ("carol", "test_hidden", 0),
+                 ("frank", "test_visible", 1), ("frank", "test_hidden", 0), ("dave", "test_hidden", 2)]
+    good, bad = root / "expected.csv", root / "expected_wrong.csv"
+    write_expected(good, EXPECTED_TOTALS, cell_rows)
+    write_expected(bad, {**EXPECTED_TOTALS, "carol": 3}, cell_rows)
+    common = ["--root", root, "--per-test", "--cell-timeout", CELL_TIMEOUT]
+    serial = run_driver(submissions, "--work", root / "work1", "--expected", good, *common)
+    parallel = run_driver(submissions, "--work", root / "work2", "--expected", bad, "--jobs", 2, *common)
+    return {"root": root, "release": release, "submissions": submissions, "before": before,
+            "serial": serial, "parallel": parallel, "work1": root / "work1", "work2": root / "work2"}
+
+
+def read_grades(work: Path, name: str = "grades.csv") -> pd.DataFrame:
+    return pd.read_csv(work / name, dtype={"learner": str, "lab": str, "cell": str, "error": str},
+                       keep_default_na=False)
+
+
+def test_release_hides_solutions_and_hidden_tests(pipeline):
+    text = pipeline["release"].read_text()
+    for hidden in ("return a + b", "BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS",
+                   "add(-1, 5)", "END HIDDEN TESTS"):
+        assert hidden not in text
+    assert "raise NotImplementedError()" in text and VISIBLE_TEST in text
+
+
+def test_serial_run_matches_expected_scores(pipeline):
+    done = pipeline["serial"]
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "All scores match" in done.stdout
+    grades = read_grades(pipeline["work1"]).set_index("learner")
+    assert grades["score"].to_dict() == {k: float(v) for k, v in EXPECTED_TOTALS.items()}
+    assert set(grades["max_score"]) == {3.0}
+    ok = [k for k in EXPECTED_TOTALS if k not in ("eve", "gina")]
+    assert (grades.loc[ok, "error"] == "").all()
+
+
+def test_bad_submissions_become_row_errors(pipeline):
+    grades = read_grades(pipeline["work1"]).set_index("learner")
+    assert "not valid JSON" in grades.loc["eve", "error"]
+    assert "autograde failed" in grades.loc["gina", "error"]
+    assert "DeadKernelError" in grades.loc["gina", "error"]
+
+
+def test_cell_timeout_fails_only_that_cell(pipeline):
+    cells = read_grades(pipeline["work1"], "grades_per_test.csv")
+    frank = cells[cells.learner == "frank"].set_index("cell")["score"].to_dict()
+    assert frank == {"test_visible": 1.0, "test_hidden": 0.0}
+    autograded = pipeline["work1"] / "course" / "autograded" / "frank" / LAB / f"{LAB}.ipynb"
+    assert "CellTimeoutError" in autograded.read_text()
+
+
+def test_stderr_does_not_zero_a_correct_answer(pipeline):
+    grades = read_grades(pipeline["work1"]).set_index("learner")
+    assert grades.loc["dave", "score"] == 3.0
+    nb = json.loads((pipeline["work1"] / "course" / "autograded" / "dave" / LAB / f"{LAB}.ipynb").read_text())
+    outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
+    assert not any(o.get("name") == "stderr" for o in outputs)
+    assert any("[stderr]" in "".join(o.get("text", "")) and "debug: adding" in "".join(o.get("text", ""))
+               for o in outputs)
+
+
+def test_parallel_run_gives_the_same_scores(pipeline):
+    for name in ("grades.csv", "grades_per_test.csv"):
+        serial, parallel = read_grades(pipeline["work1"], name), read_grades(pipeline["work2"], name)
+        pd.testing.assert_frame_equal(serial, parallel)
+
+
+def test_expected_mismatch_exits_1_and_prints_the_row(pipeline):
+    done = pipeline["parallel"]
+    assert done.returncode == 1, done.stdout + done.stderr
+    tail = done.stdout.split("Scores differ from", 1)[1]
+    assert "carol" in tail and "alice" not in tail
+
+
+def test_learner_id_with_comma_round_trips(pipeline):
+    raw = (pipeline["work1"] / "grades.csv").read_text()
+    assert f'"{COMMA_LEARNER}"' in raw  # quoted by pandas
+    grades = read_grades(pipeline["work1"])
+    assert grades[grades.learner == COMMA_LEARNER]["score"].tolist() == [3.0]
+
+
+def test_feedback_and_inputs(pipeline):
+    feedback = pipeline["work1"] / "course" / "feedback"
+    assert str(feedback) in pipeline["serial"].stdout
+    for learner in ("alice", "bob", "carol", "dave", COMMA_LEARNER, "frank"):
+        assert (feedback / learner / LAB / f"{LAB}.html").is_file()
+    root = pipeline["root"]
+    # the driver never writes into the submissions, the source or the committed release
+    assert snapshot(pipeline["submissions"], root / "solutions", root / "release") == pipeline["before"]
+
+
+# ---- fast checks, no notebook execution ----------------------------------------------
+
+
+def test_stderr_preprocessor_changes_the_stock_grade():
+    from nbgrader.utils import determine_grade
+
+    spec = importlib.util.spec_from_file_location("course_preprocessors", REPO / "autograder" / "preprocessors.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cell = new_code_cell(VISIBLE_TEST, metadata=nbgrader_meta(grade=True, locked=True, grade_id="t", points=2))
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text="UserWarning: old\n")]
+    assert determine_grade(cell)[0] == 0  # stock nbgrader: stderr zeroes the cell
+    cell, _ = module.StderrToStdout().preprocess_cell(cell, {}, 0)
+    assert determine_grade(cell)[0] == 2
+    assert cell.outputs[0]["name"] == "stdout" and cell.outputs[0]["text"] == "[stderr]\nUserWarning: old\n"
+    cell.outputs.append(nbformat.v4.new_output("error", ename="AssertionError", evalue="", traceback=[]))
+    assert determine_grade(cell)[0] == 0  # an exception still fails it
+
+
+def test_course_config_points_at_the_repository(tmp_path, monkeypatch):
+    from traitlets.config.loader import PyFileConfigLoader
+
+    monkeypatch.chdir(tmp_path)  # the root must not depend on the working directory
+    config = PyFileConfigLoader(CONFIG.name, str(CONFIG.parent)).load_config()
+    course = config.CourseDirectory
+    assert course.root == str(REPO)
+    assert (course.source_directory, course.release_directory) == ("solutions", "labs")
+    assert course.db_url == f"sqlite:///{REPO / 'autograder' / 'work' / 'gradebook.db'}"
+    assert config.Execute.timeout == 300 and config.Execute.interrupt_on_timeout is True
+    names = [cls.__name__ for cls in config.Autograde.autograde_preprocessors]
+    assert names.index("IgnorePattern") < names.index("StderrToStdout") < names.index("SaveAutoGrades")
+
+
+def test_notebook_validation(tmp_path):
+    driver = load_driver()
+    folder = tmp_path / "lab"
+    folder.mkdir()
+    assert "missing 01_tiny.ipynb; no notebook" in driver.notebook_problem(folder, LAB)
+    (folder / "other.ipynb").write_text("{}")
+    assert "found other.ipynb" in driver.notebook_problem(folder, LAB)
+    path = folder / f"{LAB}.ipynb"
+    path.write_text(json.dumps({"nbformat": 3, "cells": []}))
+    assert "nbformat 3" in driver.notebook_problem(folder, LAB)
+    path.write_bytes(b"\xff\xfe")
+    assert "not UTF-8" in driver.notebook_problem(folder, LAB)
+    nbformat.write(new_notebook(), path)
+    assert driver.notebook_problem(folder, LAB) == ""
+    assert "glob" in driver.learner_id_problem("a*b")
+    assert driver.learner_id_problem(COMMA_LEARNER) == ""
+
+
+def test_infrastructure_failures_exit_2(tmp_path):
+    write_source(tmp_path)
+    missing = run_driver(tmp_path / "nowhere", "--root", tmp_path)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    batch = tmp_path / "batch" / "alice" / LAB
+    batch.mkdir(parents=True)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("not yours")
+    refused = run_driver(tmp_path / "batch", "--root", tmp_path, "--work", foreign)
+    assert refused.returncode == 2 and "not made by this driver" in refused.stderr
+    assert (foreign / "keep.txt").exists()
