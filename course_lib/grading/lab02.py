@@ -27,7 +27,8 @@ from .contracts import (ContractError, check_bytes, check_close, check_int_list,
 
 
 def _matches(candidate: torch.Tensor, got: torch.Tensor, atol: float = 1e-5) -> bool:
-    return candidate.shape == got.shape and bool(torch.allclose(got, candidate, atol=atol, rtol=1e-5))
+    return (candidate.shape == got.shape and candidate.dtype == got.dtype
+            and bool(torch.allclose(got, candidate, atol=atol, rtol=1e-5)))
 
 
 def _diagnose(err: ContractError, got: torch.Tensor, variants: dict[str, Callable[[], torch.Tensor]],

@@ -1,0 +1,165 @@
+"""Lab 2 checkers: correct functions pass on many seeds; each injected fault and each
+untrustworthy return value fails with a message that names the symptom."""
+import math
+
+import pytest
+import torch
+
+from course_lib.grading import ContractError, check_bytes, check_logits_close, check_tensor, lab02
+
+import lab02_reference as ref
+
+
+SEEDS = [0, 1, 2, 12345, 2**31 - 1]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_correct_functions_pass(seed):
+    lab02.check_apply_rope(ref.apply_rope, seed)
+    lab02.check_attention_step(ref.attend_with_cache, seed)
+    lab02.check_generation(ref.generate_with_cache, seed, max_new_tokens=16)
+    lab02.check_kv_cache_bytes(ref.kv_cache_bytes, ref.measured_kv_bytes, seed)
+    lab02.check_first_divergence(ref.first_divergence, seed)
+    lab02.check_suffix_scores(ref.score_suffixes, seed)
+    lab02.check_paged(ref.paged_append, ref.paged_read, seed)
+
+
+def _generate_with(position):
+    @torch.no_grad()
+    def generate(model, prompt, n):
+        T0 = prompt.numel()
+        cache = model.new_cache(1, T0 + n + 2)
+        logits = model(prompt.view(1, -1), torch.arange(T0), cache)[0, -1]
+        tokens, out = [], []
+        for i in range(n):
+            tokens.append(int(logits.argmax()))
+            out.append(logits)
+            if i + 1 < n:
+                logits = model(torch.tensor([[tokens[-1]]]), torch.tensor([position(cache.length, T0)]), cache)[0, -1]
+        return tokens, torch.stack(out)
+    return generate
+
+
+@pytest.mark.parametrize("position, symptom", [
+    (lambda c, t0: c + 1, "rotary position off by one"),
+    (lambda c, t0: t0, "frozen position"),
+    (lambda c, t0: 0, "position reset to 0"),
+])
+def test_position_faults_are_named(position, symptom):
+    with pytest.raises(ContractError, match=symptom):
+        lab02.check_generation(_generate_with(position), seed=5)
+
+
+def test_misaligned_kv_repeat_is_named():
+    def attend(q, k_new, v_new, k_cache, v_cache, start):
+        T, g = q.shape[-2], q.shape[1] // k_cache.shape[1]
+        k_cache[:, :, start:start + T], v_cache[:, :, start:start + T] = k_new, v_new
+        k, v = k_cache[:, :, :start + T].repeat(1, g, 1, 1), v_cache[:, :, :start + T].repeat(1, g, 1, 1)
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        s = s.masked_fill(torch.arange(start + T)[None] > torch.arange(T)[:, None] + start, float("-inf"))
+        return s.softmax(-1) @ v
+    with pytest.raises(ContractError, match="KV-head repeat misaligned"):
+        lab02.check_attention_step(attend, seed=3)
+
+
+def test_attention_writing_slot_zero_is_named():
+    def attend(q, k_new, v_new, k_cache, v_cache, start):
+        return ref.attend_with_cache(q, k_new, v_new, k_cache, v_cache, 0)
+    with pytest.raises(ContractError, match="slot 0"):
+        lab02.check_attention_step(attend, seed=0)
+
+
+def test_cache_never_cropped_is_named():
+    @torch.no_grad()
+    def score(model, prefix, suffixes):
+        cache = model.new_cache(1, prefix.numel() + sum(s.numel() for s in suffixes))
+        model(prefix.view(1, -1), torch.arange(prefix.numel()), cache)
+        return [model(s.view(1, -1), torch.arange(prefix.numel(), prefix.numel() + s.numel()), cache)[0, -1]
+                for s in suffixes]
+    with pytest.raises(ContractError, match="never cropped"):
+        lab02.check_suffix_scores(score, seed=7)
+
+
+def test_rope_faults_are_named():
+    with pytest.raises(ContractError, match="off by one"):
+        lab02.check_apply_rope(lambda x, p, t: ref.apply_rope(x, p + 1, t), seed=1)
+    with pytest.raises(ContractError, match="interleaved"):
+        lab02.check_apply_rope(lambda x, p, t: lab02._interleaved_rope(x, p, t), seed=1)
+
+
+def test_full_recompute_is_not_a_cache():
+    from course_lib.models import generate_full_recompute
+    with pytest.raises(ContractError, match="token ids went through the model"):
+        lab02.check_generation(lambda m, p, n: generate_full_recompute(m, p, n), seed=1, max_new_tokens=16)
+
+
+def test_missing_copy_on_write_is_caught():
+    def append(pool, seq, k, v):
+        for t in range(k.shape[0]):
+            offset = seq.length % pool.block_size
+            if offset == 0:
+                seq.block_table.append(pool.allocate())
+            pool.k[seq.block_table[-1], offset], pool.v[seq.block_table[-1], offset] = k[t], v[t]
+            seq.length += 1
+    with pytest.raises(ContractError, match="copy-on-write"):
+        lab02.check_paged(append, ref.paged_read, seed=1)
+
+
+def test_byte_count_names_the_differing_term():
+    with pytest.raises(ContractError, match="'K and V' = 1 instead of 2"):
+        lab02.check_kv_cache_bytes(lambda c, p, b: ref.kv_cache_bytes(c, p, b) // 2, ref.measured_kv_bytes, seed=1)
+    with pytest.raises(ContractError, match="expected 24 = a 2 \\* b 3 \\* c 4, got 48"):
+        check_bytes(48, {"a": 2, "b": 3, "c": 4})
+
+
+class AlwaysEqual:
+    def __eq__(self, other):
+        return True
+
+    def __bool__(self):
+        return True
+
+    __hash__ = object.__hash__
+
+
+class SneakyTensor(torch.Tensor):
+    def __eq__(self, other):
+        return True
+
+
+def test_untrustworthy_return_values_fail():
+    with pytest.raises(ContractError, match="expected None, got"):
+        lab02.check_first_divergence(lambda a, b: AlwaysEqual(), seed=0)
+    with pytest.raises(ContractError, match="must be an int"):
+        lab02.check_kv_cache_bytes(lambda c, p, b: AlwaysEqual(), ref.measured_kv_bytes)
+    with pytest.raises(ContractError, match="must be an int"):
+        lab02.check_kv_cache_bytes(lambda c, p, b: float(ref.kv_cache_bytes(c, p, b)), ref.measured_kv_bytes)
+    with pytest.raises(ContractError, match="must be a torch.Tensor"):
+        lab02.check_apply_rope(lambda x, p, t: AlwaysEqual())
+    with pytest.raises(ContractError, match="must be a torch.Tensor"):
+        lab02.check_apply_rope(lambda x, p, t: ref.apply_rope(x, p, t).as_subclass(SneakyTensor))
+    with pytest.raises(ContractError, match="dtype"):
+        lab02.check_apply_rope(lambda x, p, t: ref.apply_rope(x, p, t).double())
+    with pytest.raises(ContractError, match="shape"):
+        lab02.check_attention_step(lambda *a: ref.attend_with_cache(*a)[:, :1])
+    with pytest.raises(ContractError, match="tuple"):
+        lab02.check_generation(lambda m, p, n: AlwaysEqual(), seed=0, max_new_tokens=4)
+    with pytest.raises(ContractError, match="NaN"):
+        check_tensor("x", torch.tensor([float("nan")]))
+
+
+def test_logit_contract_reports_step_gap_and_hidden_token_agreement():
+    expected = torch.tensor([[0.0, 1.0, 3.0], [0.0, 2.0, 2.5]])
+    actual = expected.clone()
+    actual[1, 0] += 0.01
+    with pytest.raises(ContractError) as err:
+        check_logits_close(actual, expected, tokens_actual=[2, 2], tokens_expected=[2, 2], position_offset=10)
+    message = str(err.value)
+    assert "step 1 (position 11)" in message and "top-2 gap there is 0.5" in message
+    assert "tokens are identical" in message
+    # after the tokens diverge only the common prefix (through the first differing step) is compared
+    late = expected.clone()
+    late[1] += 5.0
+    assert check_logits_close(late[:1], expected[:1]) == 0.0
+    assert check_logits_close(torch.stack([expected[0], late[1]]), expected, tokens_actual=[1, 0],
+                              tokens_expected=[2, 2]) == 0.0

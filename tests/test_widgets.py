@@ -1,0 +1,47 @@
+"""The RoPE explorer computes what it draws without a browser (COURSE_SPEC Lab 2 widget)."""
+import math
+
+import matplotlib
+import pytest
+import torch
+
+from course_lib.widgets import rope_explorer, rope_explorer_state
+
+matplotlib.use("Agg")
+
+
+def test_state_angles_follow_the_formula():
+    s = rope_explorer_state(position=5, n_pairs=4, base=10000.0)
+    expected = torch.tensor([5 * 10000.0 ** (-2 * i / 8) for i in range(4)], dtype=torch.float64)
+    assert torch.allclose(s["angles"], expected)
+    assert torch.allclose(s["turns"], expected / (2 * math.pi))
+    assert s["rotated"].shape == (4, 2)
+    assert s["norm_after"] == pytest.approx(s["norm_before"], rel=1e-6)
+
+
+def test_position_zero_is_identity_and_pairs_rotate_by_their_angle():
+    s0 = rope_explorer_state(position=0, n_pairs=3)
+    assert torch.allclose(s0["rotated"], s0["original"], atol=1e-6)
+    s = rope_explorer_state(position=7, n_pairs=3, base=100.0)
+    for i in range(3):
+        o, r, a = s["original"][i], s["rotated"][i], float(s["angles"][i])
+        turned = torch.tensor([o[0] * math.cos(a) - o[1] * math.sin(a), o[1] * math.cos(a) + o[0] * math.sin(a)],
+                              dtype=torch.float64)
+        assert torch.allclose(r, turned, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [dict(position=-1, n_pairs=2), dict(position=1, n_pairs=0),
+                                 dict(position=1, n_pairs=2, base=1.0)])
+def test_state_refuses_bad_settings(bad):
+    with pytest.raises(ValueError):
+        rope_explorer_state(**bad)
+
+
+def test_widget_update_follows_the_sliders():
+    panel = rope_explorer(position=3, n_pairs=2)
+    position, pairs, base = panel.children[0].children
+    position.value, pairs.value = 40, 5            # observers redraw on each change
+    state = panel.update()
+    assert state["angles"].shape == (5,) and float(state["angles"][0]) == pytest.approx(40.0)
+    base.value = 100.0
+    assert float(panel.update()["angles"][1]) == pytest.approx(40 * 100.0 ** (-2 / 10))
