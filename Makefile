@@ -53,6 +53,7 @@ run: model
 	    --ExecutePreprocessor.timeout=900 --output-dir $(BUILD)/notebooks --log-level=WARN; \
 	  $(BIN)/jupyter nbconvert --to html $(BUILD)/notebooks/$$lab.ipynb --output-dir $(BUILD)/notebooks --log-level=WARN; \
 	  echo "   executed in $$(( $$(date +%s) - start )) s -> $(BUILD)/notebooks/$$lab.ipynb (and .html)"; \
+	  grep -o '\[artifact\][^"\\]*' $(BUILD)/notebooks/$$lab.ipynb | sort -u | sed 's/^/   /' || true; \
 	done
 	$(MAKE) --no-print-directory release
 	$(BIN)/python autograder/grade.py $(SUBMISSIONS) --jobs $(JOBS) --expected $(EXPECTED) --per-test

@@ -95,7 +95,9 @@ class Decoder(nn.Module):
     @classmethod
     def random(cls, config: ModelConfig | None = None, seed: int = 0) -> "Decoder":
         """Random weights (caching correctness is algebra, not learning). Embeddings ~ N(0, 1),
-        projections ~ N(0, 1/fan_in), norms 1: logits spread enough for clear greedy choices."""
+        projections ~ N(0, (0.5 / sqrt(fan_in))^2), norms 1. At this scale a rotary position off
+        by one moves the logits by about 1e-2 while greedy tokens mostly stay equal, the
+        behaviour COURSE_SPEC Lab 2 describes; cached vs full recompute differ by ~1e-6."""
         model = cls(config or toy_config())
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
@@ -103,7 +105,7 @@ class Decoder(nn.Module):
                 if name.endswith("layernorm.weight") or name == "norm.weight":
                     p.fill_(1.0)
                 elif p.dim() == 2:
-                    std = 1.0 if name == "embed_tokens.weight" else p.shape[1] ** -0.5
+                    std = 1.0 if name == "embed_tokens.weight" else 0.5 * p.shape[1] ** -0.5
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
         return model.eval().requires_grad_(False)
 
