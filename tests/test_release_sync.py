@@ -1,5 +1,6 @@
 """labs/ is nbgrader's release of solutions/: regenerate it in a temp folder and compare."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,11 +20,13 @@ def _cells(path: Path):
 def test_labs_release_matches_solutions(lab, tmp_path):
     released = ROOT / "labs" / lab / f"{lab}.ipynb"
     assert released.exists(), f"labs/{lab}/{lab}.ipynb is missing: run `make release`"
-    nbgrader = Path(sys.executable).with_name("nbgrader")
-    subprocess.run([str(nbgrader), "generate_assignment", lab, "--force", "--log-level=ERROR",
-                    f"--CourseDirectory.release_directory={tmp_path / 'release'}",
-                    f"--CourseDirectory.db_url=sqlite:///{tmp_path / 'gradebook.db'}"],
-                   cwd=ROOT / "autograder", check=True, capture_output=True, timeout=300)
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}  # nbgrader runs alembic
+    done = subprocess.run([str(bin_dir / "nbgrader"), "generate_assignment", lab, "--force", "--log-level=ERROR",
+                           f"--CourseDirectory.release_directory={tmp_path / 'release'}",
+                           f"--CourseDirectory.db_url=sqlite:///{tmp_path / 'gradebook.db'}"],
+                          cwd=ROOT / "autograder", capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, f"nbgrader generate_assignment failed:\n{done.stdout}\n{done.stderr}"
     fresh = tmp_path / "release" / lab / f"{lab}.ipynb"
     assert _cells(fresh) == _cells(released), (
         f"labs/{lab} is out of date with solutions/{lab}: run `make release` and commit labs/")
