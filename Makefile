@@ -16,7 +16,6 @@ JOBS ?= 2
 BUILD := build
 # No model hub at run time: artifacts come from the converted cache or the offline fallback.
 export HF_HUB_OFFLINE ?= 1
-export MPLBACKEND ?= Agg
 # nbgrader runs helper programs (alembic) by name: the venv must come first on PATH.
 export PATH := $(abspath $(BIN)):$(PATH)
 

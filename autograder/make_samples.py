@@ -8,7 +8,7 @@ For each lab in FAULTS this writes, as nbgrader's submitted layout
 - ``solution``: the learner release with every solution cell filled in from solutions/
   (markers removed) - what a learner who solved everything hands in;
 - ``release``: the untouched learner release (every exercise still raises);
-- one ``fault_*`` learner per injected fault of COURSE_SPEC: the solution with one small,
+- one ``fault_*`` learner per injected fault of the lab: the solution with one small,
   realistic edit in one solution cell.
 
 The expected scores are NOT generated: ``samples/expected_scores.csv`` is written by hand

@@ -78,6 +78,8 @@ def run(convert: bool = False, cache_dir=None, hub_cache_dir=None) -> int:
                                    else text_status(name, hub_cache_dir))
         except Exception as exc:  # one broken manifest must not hide the others
             status, sha, usable = f"error ({type(exc).__name__}: {exc})", None, False
+        if not usable and name != DEFAULT_MODEL:
+            status += " [optional: the labs fall back to the embedded model or text without it]"
         print(f"  {name:<15} {status}  sha256={sha or '-'}")
         usable_default |= name == DEFAULT_MODEL and usable
     if DEFAULT_MODEL not in names:

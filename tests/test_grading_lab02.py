@@ -163,3 +163,26 @@ def test_logit_contract_reports_step_gap_and_hidden_token_agreement():
     assert check_logits_close(late[:1], expected[:1]) == 0.0
     assert check_logits_close(torch.stack([expected[0], late[1]]), expected, tokens_actual=[1, 0],
                               tokens_expected=[2, 2]) == 0.0
+
+
+def test_course_lib_reference_is_not_accepted_as_the_learners_function():
+    from course_lib.models import apply_rope, attend_with_cache
+    with pytest.raises(ContractError, match="course_lib's reference"):
+        lab02.check_apply_rope(apply_rope)
+    with pytest.raises(ContractError, match="course_lib's reference"):
+        lab02.check_attention_step(attend_with_cache)
+    with pytest.raises(ContractError, match="must be a function"):
+        lab02.check_first_divergence(None)
+
+
+def test_rope_accepts_any_correct_float32_formula():
+    def literal(x, positions, theta=10000.0):           # omega_i = theta^(-2i/D), written as in the notebook
+        D = x.shape[-1]
+        omega = theta ** (-2.0 * torch.arange(D // 2) / D)
+        a = positions.to(torch.float32)[..., None] * omega
+        a = a[None, None] if positions.dim() == 1 else a[:, None]
+        x1, x2 = x[..., : D // 2], x[..., D // 2:]
+        return torch.cat([x1 * a.cos() - x2 * a.sin(), x2 * a.cos() + x1 * a.sin()], -1)
+    for seed in range(10):
+        lab02.check_apply_rope(literal, seed, cases=8)
+        lab02.check_apply_rope(lambda x, p, t: lab02._rope64(x, p, t).float(), seed, cases=8)

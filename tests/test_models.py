@@ -1,4 +1,4 @@
-"""Toy decoder, RoPE, cached attention and the contiguous KV cache (COURSE_SPEC Lab 2)."""
+"""Toy decoder, RoPE, cached attention and the contiguous KV cache (course Lab 2)."""
 import pytest
 import torch
 

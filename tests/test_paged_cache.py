@@ -1,4 +1,4 @@
-"""Tests for the paged KV cache (COURSE_SPEC Lab 2, "Paged KV")."""
+"""Tests for the paged KV cache (course Lab 2, "Paged KV")."""
 from __future__ import annotations
 
 import random

@@ -1,4 +1,4 @@
-"""The RoPE explorer computes what it draws without a browser (COURSE_SPEC Lab 2 widget)."""
+"""The RoPE explorer computes what it draws without a browser (course Lab 2 widget)."""
 import math
 
 import matplotlib

@@ -3,7 +3,7 @@
 Layout follows gpt-fast's ``KVCache``: (n_layers, B, n_kv_heads, max_len, head_dim),
 compact GQA heads (heads are repeated only inside attention). ``length`` counts the
 filled slots; the model writes new keys at slots length .. length+T-1. Slots are not
-positions: RoPE positions are passed explicitly to the model (COURSE_SPEC Lab 2).
+positions: RoPE positions are passed explicitly to the model (course Lab 2).
 """
 from __future__ import annotations
 

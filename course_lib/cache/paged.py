@@ -1,6 +1,6 @@
 """A paged KV cache: a pool of fixed-size blocks and per-sequence block tables.
 
-Source: COURSE_SPEC Lab 2, "Paged KV"; Kwon et al., "Efficient Memory Management for
+Source: course Lab 2, "Paged KV"; Kwon et al., "Efficient Memory Management for
 Large Language Model Serving with PagedAttention", SOSP 2023. The allocator state follows
 nano-vllm's ``BlockManager`` (a list of ref counts, a deque of free ids, a dict
 ``hash -> block id`` whose hashes chain the previous block's hash), but every invariant it
@@ -95,7 +95,7 @@ class BlockPool:
 
     Args:
         num_blocks: number of physical blocks (positive int).
-        block_size: positions per block (positive int; 16 in COURSE_SPEC Lab 2).
+        block_size: positions per block (positive int; 16 in course Lab 2).
         n_kv_heads, head_dim: sizes of one position's K (and V) (positive ints).
         dtype: storage dtype (float32 by default).
         device: storage device ("cpu" by default).

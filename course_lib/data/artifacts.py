@@ -1,6 +1,6 @@
 """Resolve a model artifact to a verified float32 state dict, its config and tokenizer.
 
-Sources, best first (COURSE_SPEC "Artifacts"):
+Sources, best first (README "Artifacts and offline use"):
 
 1. the hub (primary) at the pinned revision: its converted cache if valid, else the
    hub files if they are in the local hub cache (or downloads are allowed), converted;

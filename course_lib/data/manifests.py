@@ -1,4 +1,4 @@
-"""Artifact manifests: one JSON file per model or data artifact (COURSE_SPEC "Artifacts").
+"""Artifact manifests: one JSON file per model or data artifact (README "Artifacts and offline use").
 
 A manifest names the artifact, its licence, the primary source (a Hugging Face hub
 repository at a pinned revision, with a file list carrying sha256 and size where known)

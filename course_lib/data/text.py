@@ -4,7 +4,7 @@ Primary: the pinned parquet file of the hub dataset, read with pandas when it is
 local hub cache (or downloaded when allowed). Fallback: English prose that ships with
 the interpreter (``pydoc_data.topics``, the Python language reference), hashed at run
 time; its provenance names the module, the Python version and the text's sha256, and
-its notes say that it is not WikiText-2 (COURSE_SPEC "Artifacts").
+its notes say that it is not WikiText-2 (README "Artifacts and offline use").
 """
 from __future__ import annotations
 

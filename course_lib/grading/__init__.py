@@ -1,4 +1,4 @@
-"""Contract checkers for graded cells (COURSE_SPEC "Grading contracts")."""
+"""Contract checkers for graded cells (the course's grading contracts)."""
 from .contracts import (LOGIT_TOLERANCES, ContractError, check_bytes, check_close, check_int, check_int_list,
                         check_logits_close, check_tensor, first_divergence, fresh_seed, top2_gap)
 

@@ -1,4 +1,4 @@
-"""Contract checkers shared by every lab's graded cells (COURSE_SPEC "Grading contracts").
+"""Contract checkers shared by every lab's graded cells (the course's grading contracts).
 
 A contract compares what learner code produced with what the contract demands and, on
 failure, raises ``ContractError`` with a message that says what differs and where:
@@ -157,25 +157,35 @@ def check_logits_close(actual, expected: torch.Tensor, *, what: str = "logits",
 
 
 def check_close(actual, expected: torch.Tensor, *, what: str = "output",
-                atol: float | None = None, rtol: float | None = None) -> float:
+                atol: float | torch.Tensor | None = None, rtol: float | None = None,
+                dtype: torch.dtype | None = None) -> float:
     """Element-wise closeness contract for any tensor (|a - b| <= atol + rtol*|b|, dtype-aware
     defaults as for logits). Returns the max |diff|.
 
+    Args:
+        atol: a number, or a float64 tensor broadcastable to ``expected`` (a per-element bound,
+            e.g. one that grows with position where float32 rounding does).
+        dtype: the dtype ``actual`` must have (default: ``expected.dtype``; a float64 reference
+            may judge a float32 result).
+
     Raises:
-        ContractError: wrong type/dtype/shape, or naming the first index over tolerance and its error.
+        ContractError: wrong type/dtype/shape, or naming the first index over tolerance, its
+            error and its bound.
     """
-    got = check_tensor(what, actual, shape=expected.shape, dtype=expected.dtype)
-    default_atol, default_rtol = LOGIT_TOLERANCES.get(expected.dtype, (1e-5, 1e-5))
+    dtype = expected.dtype if dtype is None else dtype
+    got = check_tensor(what, actual, shape=expected.shape, dtype=dtype)
+    default_atol, default_rtol = LOGIT_TOLERANCES.get(dtype, (1e-5, 1e-5))
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol
     ref = expected.detach().to("cpu").to(torch.float64)
     err = (got.to(torch.float64) - ref).abs()
-    over = err > atol + rtol * ref.abs()
+    bound = (atol + rtol * ref.abs()).expand_as(ref)
+    over = err > bound
     if not bool(over.any()):
         return float(err.max()) if err.numel() else 0.0
     index = tuple(int(i) for i in over.nonzero()[0])
     raise ContractError(f"{what} differs from the reference: first over tolerance at index {index}, |diff| "
-                        f"{float(err[index]):.3g} > atol {atol:g} + rtol {rtol:g}*|ref| ({expected.dtype}); "
+                        f"{float(err[index]):.3g} > allowed {float(bound[index]):.3g} ({dtype}); "
                         f"{int(over.sum())} of {over.numel()} values over; max |diff| {float(err.max()):.3g}")
 
 

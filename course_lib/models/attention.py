@@ -1,6 +1,6 @@
 """Causal attention over a KV cache, with grouped-query (GQA) head sharing.
 
-Source: COURSE_SPEC "Lab 2" (cached attention step; GQA/MQA) and Ainslie et al.,
+Source: course "Lab 2" (cached attention step; GQA/MQA) and Ainslie et al.,
 "GQA: Training Generalized Multi-Query Transformer Models" (2023). Query head h reads
 KV head h // (n_heads // n_kv_heads): consecutive query heads share one KV head, which
 is ``repeat_interleave`` on the head axis (``repeat`` would pair them round-robin).

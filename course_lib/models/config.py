@@ -1,7 +1,7 @@
 """Model configuration and parameter accounting for Llama-style decoders.
 
 One dataclass describes both the random-weight toy decoder of Lab 2 and the real
-SmolLM2 checkpoints. Parameter accounting follows COURSE_SPEC "Lab 1: roofline":
+SmolLM2 checkpoints. Parameter accounting follows course "Lab 1: roofline":
 four attention projections (q, o: d x d; k, v: d x n_kv*d_head), three SwiGLU
 projections (d x d_ff each), two RMSNorm vectors per block, a final norm, the input
 embedding and (when untied) an output head.
@@ -72,7 +72,7 @@ class ModelConfig:
         return attention + mlp + 2 * d
 
     def parameters(self) -> int:
-        """All parameters, counting a tied embedding once (COURSE_SPEC Lab 1)."""
+        """All parameters, counting a tied embedding once (course Lab 1)."""
         embed = self.vocab_size * self.d_model
         head = 0 if self.tie_embeddings else embed
         return self.n_layers * self.block_parameters() + self.d_model + embed + head
@@ -87,7 +87,7 @@ class ModelConfig:
 
 def toy_config(**overrides) -> ModelConfig:
     """The Lab 2 toy decoder: 4 blocks, width 256, 8 query / 2 KV heads of 32, SwiGLU 688,
-    vocab 512, untied; 3,033,344 parameters (COURSE_SPEC Lab 2)."""
+    vocab 512, untied; 3,033,344 parameters (course Lab 2)."""
     fields = dict(n_layers=4, d_model=256, n_heads=8, n_kv_heads=2, head_dim=32, d_ff=688,
                   vocab_size=512, tie_embeddings=False, rope_theta=10000.0, norm_eps=1e-5,
                   max_seq_len=512)
@@ -97,7 +97,7 @@ def toy_config(**overrides) -> ModelConfig:
 
 def smollm2_135m_config(**overrides) -> ModelConfig:
     """SmolLM2-135M: 30 layers, width 576, 9 query / 3 KV heads of 64, SwiGLU 1536,
-    vocab 49,152, tied, RoPE theta 100,000; 134,515,008 parameters (COURSE_SPEC Artifacts)."""
+    vocab 49,152, tied, RoPE theta 100,000; 134,515,008 parameters (README "Artifacts and offline use")."""
     fields = dict(n_layers=30, d_model=576, n_heads=9, n_kv_heads=3, head_dim=64, d_ff=1536,
                   vocab_size=49152, tie_embeddings=True, rope_theta=100000.0, norm_eps=1e-5,
                   max_seq_len=8192)

@@ -3,7 +3,7 @@
 Pre-norm blocks (RMSNorm -> GQA attention with split-half RoPE -> residual; RMSNorm ->
 SwiGLU -> residual), final RMSNorm, output head (tied or not). Positions are always
 explicit arguments and the KV cache is an explicit object, so prefill and decode are
-the same forward with different inputs (COURSE_SPEC Lab 2; style after gpt-fast).
+the same forward with different inputs (course Lab 2; style after gpt-fast).
 
 Tensor conventions: token ids (B, T) int64; positions (T,) or (B, T) int64; logits
 (B, T, vocab) float32.
@@ -97,7 +97,7 @@ class Decoder(nn.Module):
         """Random weights (caching correctness is algebra, not learning). Embeddings ~ N(0, 1),
         projections ~ N(0, (0.5 / sqrt(fan_in))^2), norms 1. At this scale a rotary position off
         by one moves the logits by about 1e-2 while greedy tokens mostly stay equal, the
-        behaviour COURSE_SPEC Lab 2 describes; cached vs full recompute differ by ~1e-6."""
+        behaviour course Lab 2 describes; cached vs full recompute differ by ~1e-6."""
         model = cls(config or toy_config())
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():

@@ -1,7 +1,7 @@
 """Rotary position embedding (RoPE), split-half convention.
 
 Source: Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding"
-(2021), and COURSE_SPEC "Lab 2": each 2-D pair (x_i, x_{i+D/2}) is rotated by the
+(2021), and course "Lab 2": each 2-D pair (x_i, x_{i+D/2}) is rotated by the
 angle position * omega_i with omega_i = theta^(-2i/D), i = 0 .. D/2 - 1. This is the
 pairing Hugging Face's Llama uses ("rotate_half"); llama.cpp's GGUF files store q/k
 rows permuted for the interleaved pairing, which transformers undoes on load.

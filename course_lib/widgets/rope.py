@@ -1,4 +1,4 @@
-"""RoPE explorer: how each 2-D pair of a head vector turns with position (COURSE_SPEC Lab 2).
+"""RoPE explorer: how each 2-D pair of a head vector turns with position (course Lab 2).
 
 Pair i turns by the angle position * omega_i with omega_i = base^(-2i/d) (d = 2 * pairs):
 the first pair spins fastest, the last barely moves, so nearby positions differ in
