@@ -55,7 +55,7 @@ run: model
 	  grep -o '\[artifact\][^"\\]*' $(BUILD)/notebooks/$$lab.ipynb | sort -u | sed 's/^/   /' || true; \
 	done
 	$(MAKE) --no-print-directory release
-	$(BIN)/python autograder/grade.py $(SUBMISSIONS) --jobs $(JOBS) --expected $(EXPECTED) --per-test
+	$(BIN)/python autograder/grade.py autograder/samples --jobs $(JOBS) --expected $(EXPECTED)
 
 test: model test-lib test-notebooks test-grading
 
