@@ -26,34 +26,20 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def triton_mode(cuda: bool) -> tuple[str, str]:
-    """How ``@triton.jit`` kernels run here: ("native" | "interpreter" | "unavailable", reason).
-
-    Imports triton when it is installed (the doctor is its own process)."""
-    if importlib.util.find_spec("triton") is None:
-        return "unavailable", "triton is not installed (kernels fall back to their PyTorch references)"
-    try:
-        import triton  # noqa: F401
-    except Exception as exc:  # a broken install is a reason, not a crash
-        return "unavailable", f"import triton failed ({type(exc).__name__}: {exc})"
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return "interpreter", "TRITON_INTERPRET=1: kernels run on CPU tensors in the interpreter (small shapes only)"
-    if cuda:
-        return "native", "CUDA device and triton importable"
-    return "unavailable", ("no CUDA device and TRITON_INTERPRET is not set; set TRITON_INTERPRET=1 "
-                           "before importing triton to run kernels in the interpreter")
-
-
 def run(convert: bool = False, cache_dir=None, hub_cache_dir=None) -> int:
     """Print the report; return the exit code (0 when the default model is usable)."""
     import torch
 
     from .data import load_manifest, manifest_dir, manifest_names, model_status, resolve_model, text_status
     from .data.artifacts import cache_root
+    from .kernels import triton_mode
 
     cuda = torch.cuda.is_available()
     device = f"cuda ({torch.cuda.get_device_name(0)}, {torch.cuda.device_count()} visible)" if cuda else "cpu (no CUDA device)"
-    mode, reason = triton_mode(cuda)
+    mode = triton_mode()      # one definition of the modes, shared with the kernels
+    reason = mode.reason
+    if mode == "unavailable" and importlib.util.find_spec("triton") is not None:
+        reason += "; set TRITON_INTERPRET=1 before importing triton to run kernels in the interpreter"
     rows = [("python", f"{platform.python_version()} ({sys.executable})"),
             ("torch", torch.__version__),
             ("transformers", _version("transformers") or "not installed"),
