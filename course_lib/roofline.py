@@ -1,0 +1,420 @@
+"""Roofline bounds for LLM inference (course "Lab 1: roofline"; the notebook's engine and
+what the graders use).
+
+Units everywhere: bytes and decimal GB (1 GB = 1e9 bytes, never GiB), seconds, FLOPs,
+bytes/s and FLOP/s. Every time returned here is a *bound* (a best case under the stated
+assumptions), not a prediction.
+
+Contents:
+- model accounting on a ``ModelConfig``: ``n_matmul``, ``kv_bytes_per_token``,
+  ``serving_file_bytes`` (mixed int4-g128 / bf16 / int8 format), the spec's ``case_model``;
+- time bounds: ``prefill_time`` (compute at MFU), ``decode_step_bound`` (max of memory and
+  compute time), ``capacity_table`` (per-device TTFT, batch and throughput);
+- the per-token cost calculator of the spec's 70B example: ``weight_bytes_for_format``,
+  ``kv_bytes_per_sequence``, ``step_time_bound``, ``verification_cost_ratio``,
+  ``expected_tokens_per_step``, ``speculative_speedup``, ``smallest_compute_bound_batch``;
+- arithmetic intensity: ``gemv_intensity``, ``gemm_intensity``, ``decode_attention_intensity``.
+
+Every function raises ``ValueError`` naming the argument on bad input (non-positive sizes,
+an unknown format, ``mfu`` outside (0, 1], ...).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+from .hardware import REFERENCE_DEVICES, Accelerator, get_device
+from .models.config import ModelConfig
+
+__all__ = [
+    "CASE_WEIGHT_BYTES", "FORMAT_BITS", "StepBound", "case_model", "n_matmul", "kv_bytes_per_token",
+    "serving_file_bytes", "default_weight_bytes", "prefill_flops", "prefill_time", "decode_step_flops",
+    "decode_step_bound", "capacity_table", "weight_bytes_for_format", "kv_bytes_per_sequence",
+    "step_time_bound", "verification_cost_ratio", "expected_tokens_per_step", "speculative_speedup",
+    "smallest_compute_bound_batch", "gemv_intensity", "gemm_intensity", "decode_attention_intensity",
+]
+
+#: Weight-file bytes of the case model used in every bound (spec: "5.5e9 bytes in the bounds").
+CASE_WEIGHT_BYTES: float = 5.5e9
+
+#: Bits per weight of the 70B calculator's formats (int4 g128: 4 bits + scale overhead = 4.15).
+FORMAT_BITS: dict[str, float] = {"bf16": 16.0, "fp8": 8.0, "int4-g128": 4.15}
+
+
+# -- argument checks -----------------------------------------------------------------------
+def _pos_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _nonneg_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return int(value)
+
+
+def _pos_num(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return value
+
+
+def _nonneg_num(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a non-negative finite number, got {value!r}")
+    return value
+
+
+def _model(name: str, value) -> ModelConfig:
+    if not isinstance(value, ModelConfig):
+        raise ValueError(f"{name} must be a ModelConfig, got {type(value).__qualname__}")
+    return value
+
+
+def _device(name: str, value) -> Accelerator:
+    try:
+        return get_device(value)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
+def _mfu(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not (0 < value <= 1):
+        raise ValueError(f"mfu must be in (0, 1], got {value!r}")
+    return value
+
+
+# -- model accounting ----------------------------------------------------------------------
+def case_model() -> ModelConfig:
+    """The spec's case model: 36 layers, d 4096, 32 query / 8 KV heads of 128, SwiGLU 15,360,
+    vocab 152,064, untied. N = 9,550,729,216; N_matmul = 8,927,875,072 (COURSE_SPEC "Lab 1").
+    ``max_seq_len`` is left at the ModelConfig default (the spec gives none; no bound uses it)."""
+    return ModelConfig(n_layers=36, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128, d_ff=15360,
+                       vocab_size=152064, tie_embeddings=False)
+
+
+def n_matmul(config: ModelConfig) -> int:
+    """Parameters that take part in a matrix multiply per token.
+
+    ``config.parameters()`` minus the *untied* input embedding (a lookup is not a multiply);
+    the output head stays. With tied embeddings the shared matrix is counted once, as the
+    head, so N_matmul = parameters. (Norm vectors are kept, as in the spec's figure.)
+
+    Returns: an exact int. Raises: ValueError if ``config`` is not a ModelConfig.
+    """
+    config = _model("config", config)
+    embedding = 0 if config.tie_embeddings else config.vocab_size * config.d_model
+    return config.parameters() - embedding
+
+
+def kv_bytes_per_token(config: ModelConfig, bytes_per_value: int | float = 2):
+    """KV-cache bytes one position costs: 2 (K and V) * L * n_kv * d_head * bytes_per_value.
+
+    Returns: an int for an int ``bytes_per_value`` (exact), else a float (e.g. 0.5 for int4).
+    Raises: ValueError for a non-ModelConfig or a non-positive ``bytes_per_value``.
+    """
+    config = _model("config", config)
+    _pos_num("bytes_per_value", bytes_per_value)
+    return config.kv_bytes_per_token(bytes_per_value)
+
+
+def serving_file_bytes(config: ModelConfig, linear_bits: float = 4.125, norm_bits: float = 16,
+                       embedding_bits: float = 8) -> float:
+    """Bytes of a mixed-format serving file, before packaging metadata.
+
+    Block linear weights (q, k, v, o and the three SwiGLU projections) at ``linear_bits``
+    (default 4.125 = int4 plus one fp16 scale per 128 weights), RMSNorm vectors (2 per block
+    plus the final norm) at ``norm_bits`` (bf16), embedding table(s) at ``embedding_bits``
+    (input embedding and, when untied, the output head; a tied table once). The spec's case
+    model gives 5,528,428,544 bytes = 5.528429 GB.
+
+    Returns: a float, in bytes. Raises: ValueError on a non-ModelConfig or non-positive bits.
+    """
+    config = _model("config", config)
+    for name, bits in (("linear_bits", linear_bits), ("norm_bits", norm_bits),
+                       ("embedding_bits", embedding_bits)):
+        _pos_num(name, bits)
+    norms = 2 * config.n_layers * config.d_model + config.d_model
+    linear = config.n_layers * (config.block_parameters() - 2 * config.d_model)
+    tables = (1 if config.tie_embeddings else 2) * config.vocab_size * config.d_model
+    assert linear + norms + tables == config.parameters()
+    return (linear * linear_bits + norms * norm_bits + tables * embedding_bits) / 8
+
+
+def default_weight_bytes(model: ModelConfig) -> float:
+    """Weight bytes the bounds use when none is given: ``CASE_WEIGHT_BYTES`` (5.5e9) for the
+    case model (as the spec fixes), otherwise ``serving_file_bytes(model)``."""
+    model = _model("model", model)
+    return CASE_WEIGHT_BYTES if model == case_model() else serving_file_bytes(model)
+
+
+# -- time bounds ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepBound:
+    """A roofline bound on one step: ``bound_s = max(memory_s, compute_s)`` in seconds.
+
+    ``binding`` is "compute" when compute_s >= memory_s, else "memory"; ``bytes_moved`` and
+    ``flops`` are the numerators of the two times."""
+
+    memory_s: float
+    compute_s: float
+    bound_s: float
+    binding: str
+    bytes_moved: float
+    flops: float
+
+    @classmethod
+    def from_terms(cls, bytes_moved: float, bandwidth: float, flops: float, peak: float) -> "StepBound":
+        memory_s, compute_s = bytes_moved / bandwidth, flops / peak
+        return cls(memory_s=memory_s, compute_s=compute_s, bound_s=max(memory_s, compute_s),
+                   binding="compute" if compute_s >= memory_s else "memory",
+                   bytes_moved=bytes_moved, flops=flops)
+
+
+def prefill_flops(model: ModelConfig, tokens: int) -> int:
+    """FLOPs of a prefill of ``tokens`` positions, simplified form: 2*N_matmul*t + 2*L*d*t^2.
+
+    Raises: ValueError for a non-positive ``tokens``."""
+    model = _model("model", model)
+    t = _pos_int("tokens", tokens)
+    return 2 * n_matmul(model) * t + 2 * model.n_layers * model.d_model * t * t
+
+
+def prefill_time(model: ModelConfig, device, tokens: int, mfu: float = 0.5,
+                 weight_bytes: float | None = None) -> float:
+    """Bound on prefill time (time to first token) in seconds.
+
+    (2*N_matmul*t + 2*L*d*t^2) / (mfu * peak). If ``weight_bytes`` is given the bound also
+    cannot be below one read of the weights: max(that, weight_bytes / bandwidth); by default
+    (None) it is the spec's compute-only formula.
+
+    Args:
+        model: a ModelConfig. device: an Accelerator or a name in ``hardware.DEVICES``.
+        tokens: prompt positions t (> 0). mfu: model FLOP utilisation in (0, 1].
+    Raises:
+        ValueError: bad model/device, tokens <= 0, mfu outside (0, 1], weight_bytes <= 0.
+    """
+    dev = _device("device", device)
+    mfu = _mfu(mfu)
+    seconds = prefill_flops(model, tokens) / (mfu * dev.peak_flops)
+    if weight_bytes is not None:
+        seconds = max(seconds, _pos_num("weight_bytes", weight_bytes) / dev.bandwidth)
+    return seconds
+
+
+def decode_step_flops(model: ModelConfig, batch: int, context: float) -> float:
+    """FLOPs of one decode step: 2*N_matmul*batch + 4*L*d*batch*context."""
+    model = _model("model", model)
+    b = _pos_int("batch", batch)
+    c = _pos_num("context", context)
+    return 2 * n_matmul(model) * b + 4 * model.n_layers * model.d_model * b * c
+
+
+def decode_step_bound(model: ModelConfig, device, batch: int, context: float, kv_bytes_per_value=2,
+                      weight_bytes: float | None = None) -> StepBound:
+    """Bound on one decode step of ``batch`` sequences each at ``context`` cached positions.
+
+    memory = (weight_bytes + batch * kv_per_token * context) / bandwidth;
+    compute = (2*N_matmul*batch + 4*L*d*batch*context) / peak (no MFU: optimistic);
+    bound = max(memory, compute) (the weight read is shared, so max, not sum).
+
+    Args:
+        weight_bytes: bytes of the weight file; None -> ``default_weight_bytes(model)``
+            (5.5e9 for the case model). context may be fractional (an average).
+    Returns: a StepBound (seconds). Raises: ValueError on non-positive sizes or bad types.
+    """
+    model = _model("model", model)
+    dev = _device("device", device)
+    b = _pos_int("batch", batch)
+    c = _pos_num("context", context)
+    kv = kv_bytes_per_token(model, kv_bytes_per_value)
+    w = default_weight_bytes(model) if weight_bytes is None else _pos_num("weight_bytes", weight_bytes)
+    return StepBound.from_terms(w + b * kv * c, dev.bandwidth, decode_step_flops(model, b, c), dev.peak_flops)
+
+
+def capacity_table(model: ModelConfig | None = None, devices=None, prompt_tokens: int = 4000,
+                   output_tokens: int = 2000, overhead_gb: float = 2.5, mfu: float = 0.5,
+                   weight_bytes: float | None = None, kv_bytes_per_value=2):
+    """Per-device serving bounds for full-length requests, as a pandas DataFrame.
+
+    Columns ``device, free_gb, batch, ttft_s, solo_tok_s, batch_tok_s``:
+    - free_gb = capacity - weights - overhead (decimal GB; negative if the weights don't fit);
+    - batch = floor(free / (kv_per_token * (prompt + output))), 0 if nothing fits;
+    - ttft_s = prefill_time(prompt) at ``mfu``;
+    - decode context = prompt + output / 2 (the mean over a request's output);
+    - solo_tok_s = 1 / step(batch 1); batch_tok_s = batch / step(max(1, batch)) (0 if batch 0).
+
+    Args:
+        model: defaults to ``case_model()``. devices: Accelerators or names (default the five
+            ``REFERENCE_DEVICES``). weight_bytes: override (e.g. 2 * N for all-bf16); None ->
+            ``default_weight_bytes(model)``.
+    Raises: ValueError on non-positive sizes, negative overhead, mfu outside (0, 1], empty devices.
+    """
+    import pandas as pd
+
+    model = case_model() if model is None else _model("model", model)
+    if devices is None:
+        devs = list(REFERENCE_DEVICES.values())
+    else:
+        devs = [_device("devices", d) for d in devices]
+        if not devs:
+            raise ValueError("devices must not be empty")
+    prompt = _pos_int("prompt_tokens", prompt_tokens)
+    output = _pos_int("output_tokens", output_tokens)
+    overhead = _nonneg_num("overhead_gb", overhead_gb)
+    mfu = _mfu(mfu)
+    w = default_weight_bytes(model) if weight_bytes is None else _pos_num("weight_bytes", weight_bytes)
+    kv = kv_bytes_per_token(model, kv_bytes_per_value)
+    per_request = kv * (prompt + output)
+    context = prompt + output / 2
+    rows = []
+    for dev in devs:
+        free = dev.capacity_bytes - w - overhead * 1e9
+        batch = max(0, math.floor(free / per_request))
+        solo = decode_step_bound(model, dev, 1, context, kv_bytes_per_value, w).bound_s
+        full = decode_step_bound(model, dev, max(1, batch), context, kv_bytes_per_value, w).bound_s
+        rows.append({"device": dev.name, "free_gb": free / 1e9, "batch": batch,
+                     "ttft_s": prefill_time(model, dev, prompt, mfu), "solo_tok_s": 1 / solo,
+                     "batch_tok_s": batch / full})
+    return pd.DataFrame(rows, columns=["device", "free_gb", "batch", "ttft_s", "solo_tok_s", "batch_tok_s"])
+
+
+# -- per-token cost calculator (the spec's 70B example) ------------------------------------
+def weight_bytes_for_format(n_params: int, fmt: str) -> float:
+    """Weight bytes of ``n_params`` weights stored as ``fmt``: n_params * bits / 8.
+
+    Formats (``FORMAT_BITS``): "bf16" 16, "fp8" 8, "int4-g128" 4.15 bits/weight. For 70e9
+    parameters: 140.0 GB, 70.0 GB, 36.3125 GB. Returns a float (bytes).
+    Raises: ValueError for non-positive ``n_params`` or an unknown ``fmt``."""
+    n = _pos_int("n_params", n_params) if isinstance(n_params, Integral) else _pos_num("n_params", n_params)
+    if fmt not in FORMAT_BITS:
+        raise ValueError(f"fmt must be one of {sorted(FORMAT_BITS)}, got {fmt!r}")
+    return n * FORMAT_BITS[fmt] / 8
+
+
+def kv_bytes_per_sequence(n_layers: int, n_kv_heads: int, head_dim: int, context: int,
+                          bytes_per_value: int | float = 2):
+    """KV bytes of one sequence: 2 * L * n_kv * d_head * bytes_per_value * context.
+
+    80 layers, 8 KV heads of 128, 2,048 positions, bf16 -> 671,088,640 bytes. Exact int for
+    an int ``bytes_per_value``. Raises: ValueError on non-positive sizes."""
+    for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
+                    ("context", context)):
+        _pos_int(name, v)
+    _pos_num("bytes_per_value", bytes_per_value)
+    return 2 * n_layers * n_kv_heads * head_dim * bytes_per_value * context
+
+
+def step_time_bound(weight_bytes: float, n_params: int, batch: int, kv_bytes_per_sequence: float,
+                    bandwidth: float, peak_flops: float, positions_per_sequence: int = 1) -> StepBound:
+    """Bound on one target-model step (the 70B calculator's simplified form).
+
+    memory = (weight_bytes + batch * kv_bytes_per_sequence) / bandwidth;
+    compute = 2 * n_params * batch * positions_per_sequence / peak_flops; bound = max.
+
+    Args:
+        bandwidth: bytes/s (3.0 TB/s -> 3.0e12). peak_flops: FLOP/s (1,000 TFLOP/s -> 1e15).
+        kv_bytes_per_sequence: may be 0 (weights-only floor).
+        positions_per_sequence: positions scored per sequence (gamma + 1 when verifying).
+    Raises: ValueError on non-positive sizes (negative KV bytes).
+    """
+    w = _pos_num("weight_bytes", weight_bytes)
+    n = _pos_num("n_params", n_params)
+    b = _pos_int("batch", batch)
+    kv = _nonneg_num("kv_bytes_per_sequence", kv_bytes_per_sequence)
+    bw = _pos_num("bandwidth", bandwidth)
+    peak = _pos_num("peak_flops", peak_flops)
+    p = _pos_int("positions_per_sequence", positions_per_sequence)
+    return StepBound.from_terms(w + b * kv, bw, 2 * n * b * p, peak)
+
+
+def verification_cost_ratio(weight_bytes: float, n_params: int, batch: int, kv_bytes_per_sequence: float,
+                            bandwidth: float, peak_flops: float, gamma: int) -> float:
+    """Cost of a target step scoring gamma + 1 positions per sequence relative to a plain
+    one-position step: bound(positions = gamma + 1) / bound(positions = 1). 1.0 while both
+    are memory-bound; grows towards gamma + 1 once compute binds.
+    Raises: ValueError on bad sizes or a negative ``gamma``."""
+    g = _nonneg_int("gamma", gamma)
+    args = (weight_bytes, n_params, batch, kv_bytes_per_sequence, bandwidth, peak_flops)
+    return step_time_bound(*args, positions_per_sequence=g + 1).bound_s / step_time_bound(*args).bound_s
+
+
+def expected_tokens_per_step(alpha: float, gamma: int) -> float:
+    """Expected tokens emitted per target step with gamma drafted tokens, each accepted with
+    probability alpha independently: (1 - alpha^(gamma+1)) / (1 - alpha); gamma + 1 at alpha 1.
+    Raises: ValueError for alpha outside [0, 1] or a negative gamma."""
+    if isinstance(alpha, bool) or not isinstance(alpha, Real) or not (0 <= alpha <= 1):
+        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    g = _nonneg_int("gamma", gamma)
+    if alpha == 1:
+        return float(g + 1)
+    return (1 - alpha ** (g + 1)) / (1 - alpha)
+
+
+def speculative_speedup(alpha: float, gamma: int, verification_ratio: float = 1.0,
+                        draft_cost: float = 0.0) -> float:
+    """Bound on speculative decoding's speedup over plain decoding:
+    expected_tokens_per_step(alpha, gamma) / (gamma * draft_cost + verification_ratio),
+    where verification_ratio (from ``verification_cost_ratio``) replaces the classic 1 and
+    draft_cost is one draft step's time relative to a plain target step (0: free draft).
+    Raises: ValueError for a non-positive verification_ratio or a negative draft_cost."""
+    e = expected_tokens_per_step(alpha, gamma)
+    r = _pos_num("verification_ratio", verification_ratio)
+    c = _nonneg_num("draft_cost", draft_cost)
+    return e / (gamma * c + r)
+
+
+def smallest_compute_bound_batch(weight_bytes: float, n_params: int, kv_bytes_per_sequence: float,
+                                 bandwidth: float, peak_flops: float,
+                                 positions_per_sequence: int = 1) -> int | None:
+    """Smallest batch at which ``step_time_bound`` is compute-bound (compute_s >= memory_s).
+
+    Solves batch * (2*N*P/peak - KV/bandwidth) >= weight_bytes / bandwidth. Returns None when
+    the per-sequence KV read grows at least as fast as per-sequence compute (the step never
+    turns compute-bound, e.g. 70B bf16 with a 2,048-position bf16 cache at P = 1).
+    Raises: ValueError on bad sizes."""
+    args = (weight_bytes, n_params)
+    step_time_bound(*args, 1, kv_bytes_per_sequence, bandwidth, peak_flops, positions_per_sequence)
+    slope = 2 * n_params * positions_per_sequence / peak_flops - kv_bytes_per_sequence / bandwidth
+    if slope <= 0:
+        return None
+
+    def is_compute(b: int) -> bool:
+        s = step_time_bound(*args, b, kv_bytes_per_sequence, bandwidth, peak_flops, positions_per_sequence)
+        return s.binding == "compute"
+
+    batch = max(1, math.ceil((weight_bytes / bandwidth) / slope))
+    while batch > 1 and is_compute(batch - 1):  # guard against float rounding in the ceil
+        batch -= 1
+    while not is_compute(batch):
+        batch += 1
+    return batch
+
+
+# -- arithmetic intensity ------------------------------------------------------------------
+def gemv_intensity(m: int, n: int, bytes_per_element: float) -> float:
+    """FLOP/byte of y = W x, W (m x n): 2mn / (b (mn + m + n)) (one read of W and x, one
+    write of y); ~ 2/b for large m, n. Raises: ValueError on non-positive sizes."""
+    _pos_int("m", m), _pos_int("n", n)
+    b = _pos_num("bytes_per_element", bytes_per_element)
+    return 2 * m * n / (b * (m * n + m + n))
+
+
+def gemm_intensity(m: int, n: int, batch: int, bytes_per_element: float) -> float:
+    """FLOP/byte of Y = W X, W (m x n), X (n x B): 2mnB / (b (mn + nB + mB)) (one read of each
+    input, one write of the output); ~ 2B/b while B << m, n. Raises: ValueError on bad sizes."""
+    _pos_int("m", m), _pos_int("n", n), _pos_int("batch", batch)
+    b = _pos_num("bytes_per_element", bytes_per_element)
+    return 2 * m * n * batch / (b * (m * n + n * batch + m * batch))
+
+
+def decode_attention_intensity(group_size: int, bytes_per_value: float) -> float:
+    """FLOP/byte of decode attention against a KV cache: each cached K/V pair (2*d_head*b
+    bytes per KV head) feeds 4*d_head FLOPs per query head of the group -> 2*g/b,
+    independent of batch and context (4 for g = 4 with a bf16 cache).
+    Raises: ValueError on non-positive arguments."""
+    g = _pos_int("group_size", group_size)
+    b = _pos_num("bytes_per_value", bytes_per_value)
+    return 2 * g / b

@@ -1,0 +1,328 @@
+"""Lab 1 roofline library: the spec's reference figures (COURSE_SPEC.md "Lab 1: roofline").
+
+Expected numbers are typed in from the spec (or hand arithmetic written out here), never
+obtained by calling the code under test.
+"""
+import math
+
+import pandas as pd
+import pytest
+
+from course_lib import hardware, roofline
+from course_lib.hardware import DEVICES, REFERENCE_DEVICES, Accelerator
+from course_lib.models import ModelConfig, smollm2_135m_config
+from course_lib.roofline import (
+    CASE_WEIGHT_BYTES, capacity_table, case_model, decode_attention_intensity, decode_step_bound,
+    expected_tokens_per_step, gemm_intensity, gemv_intensity, kv_bytes_per_sequence, kv_bytes_per_token,
+    n_matmul, prefill_time, serving_file_bytes, smallest_compute_bound_batch, speculative_speedup,
+    step_time_bound, verification_cost_ratio, weight_bytes_for_format,
+)
+
+N_70B = 70_000_000_000
+BW_70B, PEAK_70B = 3.0e12, 1000e12
+
+
+def sig(x, digits):
+    """Round to ``digits`` significant figures."""
+    return float(f"{x:.{digits - 1}e}")
+
+
+# -- hardware ------------------------------------------------------------------------------
+def test_reference_devices_exact_figures():
+    expected = {"24GB-1.0": (24, 1.0, 165), "24GB-0.3": (24, 0.30, 121), "48GB": (48, 0.864, 362),
+                "80GB-2.039": (80, 2.039, 312), "80GB-3.35": (80, 3.35, 989)}
+    assert list(REFERENCE_DEVICES) == list(expected)
+    for name, (cap, bw, tflops) in expected.items():
+        d = REFERENCE_DEVICES[name]
+        assert (d.capacity_gb, d.bandwidth_tbps, d.dense_tflops) == (cap, bw, tflops)
+        assert d.source
+
+
+def test_ridge_points_match_spec():
+    expected = {"24GB-1.0": 165.0, "24GB-0.3": 403.3, "48GB": 419.0, "80GB-2.039": 153.0, "80GB-3.35": 295.2}
+    assert {k: round(d.ridge_point, 1) for k, d in REFERENCE_DEVICES.items()} == expected
+
+
+def test_devices_include_vendor_gpus_dense_figures():
+    assert set(DEVICES) == set(REFERENCE_DEVICES) | {"H100 SXM", "H200"}
+    h100, h200 = DEVICES["H100 SXM"], DEVICES["H200"]
+    assert (h100.capacity_gb, h100.bandwidth_tbps, h100.dense_tflops) == (80, 3.35, 989)
+    assert (h200.capacity_gb, h200.bandwidth_tbps, h200.dense_tflops) == (141, 4.8, 989)
+    assert "2026-11" in h100.source and "2026-11" in h200.source
+
+
+def test_accelerator_units_are_decimal():
+    d = REFERENCE_DEVICES["24GB-1.0"]
+    assert d.capacity_bytes == 24e9  # decimal GB, not GiB
+    assert d.bandwidth == 1e12
+    assert d.peak_flops == 165e12
+
+
+@pytest.mark.parametrize("field, kwargs", [
+    ("capacity_gb", dict(capacity_gb=0, bandwidth_tbps=1, dense_tflops=1)),
+    ("bandwidth_tbps", dict(capacity_gb=1, bandwidth_tbps=-1, dense_tflops=1)),
+    ("dense_tflops", dict(capacity_gb=1, bandwidth_tbps=1, dense_tflops=float("nan"))),
+])
+def test_accelerator_validation(field, kwargs):
+    with pytest.raises(ValueError, match=field):
+        Accelerator("x", **kwargs)
+    with pytest.raises(ValueError, match="name"):
+        Accelerator("", 1, 1, 1)
+
+
+def test_get_device_by_name_and_unknown():
+    assert hardware.get_device("48GB") is REFERENCE_DEVICES["48GB"]
+    with pytest.raises(ValueError, match="unknown"):
+        hardware.get_device("A100")
+
+
+# -- model accounting ----------------------------------------------------------------------
+def test_case_model_accounting():
+    m = case_model()
+    assert (m.n_layers, m.d_model, m.n_heads, m.n_kv_heads, m.head_dim, m.d_ff, m.vocab_size,
+            m.tie_embeddings) == (36, 4096, 32, 8, 128, 15360, 152064, False)
+    assert m.parameters() == 9_550_729_216
+    assert n_matmul(m) == 8_927_875_072
+    assert CASE_WEIGHT_BYTES == 5.5e9
+
+
+def test_case_serving_file():
+    b = serving_file_bytes(case_model())
+    assert isinstance(b, float)
+    assert round(b / 1e9, 6) == 5.528429
+
+
+def test_case_kv_bytes():
+    m = case_model()
+    assert kv_bytes_per_token(m) == 147_456
+    assert kv_bytes_per_token(m, 1) == 73_728
+    assert kv_bytes_per_token(m) * 6000 / 1e9 == pytest.approx(0.884736, abs=0)
+
+
+def test_tied_model_n_matmul_equals_parameters():
+    m = smollm2_135m_config()
+    assert m.tie_embeddings
+    assert n_matmul(m) == m.parameters() == 134_515_008
+
+
+def test_untied_n_matmul_drops_only_input_embedding():
+    m = case_model()
+    tied = ModelConfig(36, 4096, 32, 8, 128, 15360, 152064, tie_embeddings=True)
+    assert m.parameters() - n_matmul(m) == 152064 * 4096
+    assert n_matmul(tied) == n_matmul(m)  # the head stays, counted once
+
+
+def test_model_accounting_errors():
+    with pytest.raises(ValueError, match="config"):
+        n_matmul({"n_layers": 36})
+    with pytest.raises(ValueError, match="bytes_per_value"):
+        kv_bytes_per_token(case_model(), 0)
+    with pytest.raises(ValueError, match="linear_bits"):
+        serving_file_bytes(case_model(), linear_bits=-4)
+
+
+# -- time bounds ---------------------------------------------------------------------------
+def test_prefill_time_case_on_24gb_1():
+    # (2 * 8,927,875,072 * 4000 + 2 * 36 * 4096 * 4000^2) / (0.5 * 165e12)
+    flops = 2 * 8_927_875_072 * 4000 + 2 * 36 * 4096 * 4000 ** 2
+    assert flops == 76_141_592_576_000
+    expected = 76_141_592_576_000 / 82.5e12
+    t = prefill_time(case_model(), REFERENCE_DEVICES["24GB-1.0"], 4000)
+    assert sig(t, 4) == sig(expected, 4) == 0.9229
+    assert round(t, 3) == 0.923  # Lab 3's reference "a 4,000-token prefill alone 0.923 s"
+
+
+def test_prefill_time_errors():
+    m, d = case_model(), REFERENCE_DEVICES["24GB-1.0"]
+    for mfu in (0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="mfu"):
+            prefill_time(m, d, 100, mfu=mfu)
+    with pytest.raises(ValueError, match="tokens"):
+        prefill_time(m, d, 0)
+    with pytest.raises(ValueError, match="device"):
+        prefill_time(m, "no-such-device", 10)
+
+
+def test_decode_step_bound_batch18_matches_lab3_reference():
+    # Lab 3: 18 decodes at context 5,000 on the 24GB-1.0 device: 18.77 ms (memory-bound).
+    s = decode_step_bound(case_model(), "24GB-1.0", 18, 5000)
+    memory = (5.5e9 + 18 * 147_456 * 5000) / 1e12
+    compute = (2 * 8_927_875_072 * 18 + 4 * 36 * 4096 * 18 * 5000) / 165e12
+    assert s.memory_s == pytest.approx(memory, rel=1e-12)
+    assert s.compute_s == pytest.approx(compute, rel=1e-12)
+    assert s.bound_s == s.memory_s and s.binding == "memory"
+    assert round(s.bound_s * 1e3, 2) == 18.77
+
+
+def test_decode_step_bound_is_max_not_sum():
+    s = decode_step_bound(case_model(), "24GB-1.0", 4096, 5000)
+    assert s.binding in ("memory", "compute")
+    assert s.bound_s == max(s.memory_s, s.compute_s) < s.memory_s + s.compute_s
+
+
+def test_decode_step_bound_errors():
+    m = case_model()
+    with pytest.raises(ValueError, match="batch"):
+        decode_step_bound(m, "24GB-1.0", 0, 10)
+    with pytest.raises(ValueError, match="context"):
+        decode_step_bound(m, "24GB-1.0", 1, -5)
+    with pytest.raises(ValueError, match="weight_bytes"):
+        decode_step_bound(m, "24GB-1.0", 1, 5, weight_bytes=0)
+    with pytest.raises(ValueError, match="bytes_per_value"):
+        decode_step_bound(m, "24GB-1.0", 1, 5, kv_bytes_per_value=0)
+
+
+# -- capacity table ------------------------------------------------------------------------
+def test_capacity_table_shape():
+    df = capacity_table()
+    assert isinstance(df, pd.DataFrame)
+    assert list(df.columns) == ["device", "free_gb", "batch", "ttft_s", "solo_tok_s", "batch_tok_s"]
+    assert list(df["device"]) == ["24GB-1.0", "24GB-0.3", "48GB", "80GB-2.039", "80GB-3.35"]
+    assert len(capacity_table(devices=["H200"])) == 1
+
+
+def test_capacity_table_24gb_row_by_hand():
+    row = capacity_table().iloc[0]
+    # free = 24 GB - 5.5 GB weights - 2.5 GB overhead = 16 GB
+    free = 24e9 - 5.5e9 - 2.5e9
+    assert row["free_gb"] == pytest.approx(16.0)
+    # each full request holds 147,456 B/token * (4000 + 2000) tokens = 884,736,000 B
+    per_request = 147_456 * 6000
+    assert per_request == 884_736_000
+    assert math.floor(16e9 / 884_736_000) == 18  # 18.08...
+    assert row["batch"] == 18
+    # TTFT: (2*N_matmul*4000 + 2*36*4096*4000^2) / (0.5*165e12)
+    ttft = (2 * 8_927_875_072 * 4000 + 2 * 36 * 4096 * 16_000_000) / (0.5 * 165e12)
+    assert row["ttft_s"] == pytest.approx(ttft, rel=1e-9)
+    # decode context = 4000 + 2000/2 = 5000; batch 1: memory (5.5e9 + 737,280,000)/1e12
+    # = 6.23728 ms vs compute (17,855,750,144 + 2,949,120,000)/165e12 = 0.1261 ms
+    solo_step = max((5.5e9 + 147_456 * 5000) / 1e12,
+                    (2 * 8_927_875_072 + 4 * 36 * 4096 * 5000) / 165e12)
+    assert solo_step == pytest.approx(6.23728e-3, rel=1e-12)
+    assert row["solo_tok_s"] == pytest.approx(1 / 6.23728e-3, rel=1e-9)
+    # batch 18: memory (5.5e9 + 18*737,280,000)/1e12 = 18.77104 ms
+    # vs compute 18*20,804,870,144/165e12 = 2.2696 ms
+    batch_step = max((5.5e9 + 18 * 737_280_000) / 1e12, 18 * 20_804_870_144 / 165e12)
+    assert batch_step == pytest.approx(18.77104e-3, rel=1e-12)
+    assert row["batch_tok_s"] == pytest.approx(18 / 18.77104e-3, rel=1e-9)
+    assert sig(row["solo_tok_s"], 4) == 160.3 and sig(row["batch_tok_s"], 4) == 958.9
+
+
+def test_capacity_table_weight_override_and_no_fit():
+    m = case_model()
+    bf16 = capacity_table(devices=["24GB-1.0"], weight_bytes=2 * m.parameters()).iloc[0]
+    # 24e9 - 19,101,458,432 - 2.5e9 = 2,398,541,568 B -> floor(2.3985e9 / 884,736,000) = 2
+    assert bf16["free_gb"] == pytest.approx(2.398541568)
+    assert bf16["batch"] == 2
+    too_big = capacity_table(devices=["24GB-0.3"], weight_bytes=30e9).iloc[0]
+    assert too_big["batch"] == 0 and too_big["batch_tok_s"] == 0 and too_big["free_gb"] < 0
+
+
+def test_capacity_table_errors():
+    with pytest.raises(ValueError, match="mfu"):
+        capacity_table(mfu=0)
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        capacity_table(prompt_tokens=0)
+    with pytest.raises(ValueError, match="overhead_gb"):
+        capacity_table(overhead_gb=-1)
+    with pytest.raises(ValueError, match="devices"):
+        capacity_table(devices=[])
+
+
+# -- 70B per-token cost calculator ---------------------------------------------------------
+def test_70b_kv_and_weights():
+    assert kv_bytes_per_sequence(80, 8, 128, 2048) == 671_088_640
+    assert weight_bytes_for_format(N_70B, "bf16") / 1e9 == pytest.approx(140.0, abs=0)
+    assert weight_bytes_for_format(N_70B, "fp8") / 1e9 == pytest.approx(70.0, abs=0)
+    assert weight_bytes_for_format(N_70B, "int4-g128") / 1e9 == pytest.approx(36.3125, rel=1e-15)
+
+
+def test_70b_batch1_bounds_are_weight_streaming_floors():
+    # Spec: batch-1 bounds 46.667 / 23.333 / 12.104 ms. They equal weights / bandwidth, i.e. the
+    # one sequence's 671 MB of KV is not in them (with it: 46.890 / 23.557 / 12.328 ms).
+    for fmt, ms in (("bf16", 46.667), ("fp8", 23.333), ("int4-g128", 12.104)):
+        w = weight_bytes_for_format(N_70B, fmt)
+        s = step_time_bound(w, N_70B, 1, 0, BW_70B, PEAK_70B)
+        assert round(s.bound_s * 1e3, 3) == ms and s.binding == "memory"
+    for fmt, ms in (("bf16", 46.890), ("fp8", 23.557), ("int4-g128", 12.328)):
+        s = step_time_bound(weight_bytes_for_format(N_70B, fmt), N_70B, 1, 671_088_640, BW_70B, PEAK_70B)
+        assert round(s.bound_s * 1e3, 3) == ms
+
+
+def test_70b_batch32_bounds():
+    for fmt, ms in (("bf16", 53.825), ("fp8", 30.492), ("int4-g128", 19.262)):
+        w = weight_bytes_for_format(N_70B, fmt)
+        s = step_time_bound(w, N_70B, 32, 671_088_640, BW_70B, PEAK_70B)
+        assert round(s.bound_s * 1e3, 3) == ms
+        assert s.binding == "memory"
+        assert s.compute_s == pytest.approx(2 * 70e9 * 32 / 1e15)  # 4.48 ms
+
+
+def test_verification_cost_and_speedup():
+    w = weight_bytes_for_format(N_70B, "bf16")
+    # batch 32, gamma 4: compute 2*70e9*32*5/1e15 = 22.4 ms < memory 53.825 ms -> ratio 1
+    assert verification_cost_ratio(w, N_70B, 32, 671_088_640, BW_70B, PEAK_70B, 4) == 1.0
+    # int4 at batch 32: compute 22.4 ms vs memory 19.262 ms -> 22.4 / 19.26244549 = 1.16288
+    r = verification_cost_ratio(weight_bytes_for_format(N_70B, "int4-g128"), N_70B, 32, 671_088_640,
+                                BW_70B, PEAK_70B, 4)
+    assert r == pytest.approx(22.4 / 19.26244549333, rel=1e-9)
+    assert expected_tokens_per_step(1.0, 4) == 5.0
+    assert expected_tokens_per_step(0.0, 4) == 1.0
+    assert expected_tokens_per_step(0.8, 4) == pytest.approx((1 - 0.8 ** 5) / 0.2)  # 3.3616
+    assert speculative_speedup(0.8, 4) == pytest.approx(3.3616)
+    assert speculative_speedup(0.8, 4, verification_ratio=r) == pytest.approx(3.3616 / r)
+    assert speculative_speedup(0.8, 4, draft_cost=0.05) == pytest.approx(3.3616 / 1.2)
+
+
+def test_smallest_compute_bound_batch():
+    kv = 671_088_640
+    w = weight_bytes_for_format(N_70B, "bf16")
+    # per sequence: compute 2*70e9/1e15 = 0.14 ms < KV read 671,088,640/3e12 = 0.2237 ms: never
+    assert smallest_compute_bound_batch(w, N_70B, kv, BW_70B, PEAK_70B) is None
+    # 1-byte KV: 46.667 ms / (0.14 - 0.111848) ms = 1657.7 -> 1658
+    assert smallest_compute_bound_batch(w, N_70B, kv // 2, BW_70B, PEAK_70B) == 1658
+    # verifying gamma+1 = 5 positions: 46.667 / (0.7 - 0.223696) = 97.98 -> 98
+    assert smallest_compute_bound_batch(w, N_70B, kv, BW_70B, PEAK_70B, positions_per_sequence=5) == 98
+    # the returned batch is the first one whose compute reaches memory
+    for b, binding in ((97, "memory"), (98, "compute")):
+        assert step_time_bound(w, N_70B, b, kv, BW_70B, PEAK_70B, 5).binding == binding
+
+
+def test_calculator_errors():
+    with pytest.raises(ValueError, match="fmt"):
+        weight_bytes_for_format(N_70B, "int3")
+    with pytest.raises(ValueError, match="n_params"):
+        weight_bytes_for_format(0, "bf16")
+    with pytest.raises(ValueError, match="batch"):
+        step_time_bound(1e9, N_70B, 0, 0, BW_70B, PEAK_70B)
+    with pytest.raises(ValueError, match="kv_bytes_per_sequence"):
+        step_time_bound(1e9, N_70B, 1, -1, BW_70B, PEAK_70B)
+    with pytest.raises(ValueError, match="bandwidth"):
+        step_time_bound(1e9, N_70B, 1, 0, 0, PEAK_70B)
+    with pytest.raises(ValueError, match="alpha"):
+        expected_tokens_per_step(1.2, 4)
+    with pytest.raises(ValueError, match="gamma"):
+        expected_tokens_per_step(0.5, -1)
+    with pytest.raises(ValueError, match="context"):
+        kv_bytes_per_sequence(80, 8, 128, 0)
+    with pytest.raises(ValueError, match="verification_ratio"):
+        speculative_speedup(0.5, 3, verification_ratio=0)
+
+
+# -- arithmetic intensity ------------------------------------------------------------------
+def test_intensities():
+    # 4096 x 4096 bf16 GEMV: 2*4096^2 / (2*(4096^2 + 8192)) = 16,777,216 / 16,785,408
+    assert gemv_intensity(4096, 4096, 2) == pytest.approx(16_777_216 / 16_785_408, rel=1e-15)
+    # GEMM with B = 16 columns, bf16: 2*4096^2*16 / (2*(4096^2 + 2*4096*16))
+    assert gemm_intensity(4096, 4096, 16, 2) == pytest.approx(268_435_456 / 16_908_288, rel=1e-15)
+    assert gemm_intensity(64, 32, 1, 4) == pytest.approx(gemv_intensity(64, 32, 4))
+    assert decode_attention_intensity(4, 2) == 4.0  # spec: 4 FLOP/byte, 4 q heads per KV head, bf16
+
+
+def test_intensity_errors():
+    with pytest.raises(ValueError, match="m"):
+        gemv_intensity(0, 4, 2)
+    with pytest.raises(ValueError, match="bytes_per_element"):
+        gemm_intensity(4, 4, 4, 0)
+    with pytest.raises(ValueError, match="batch"):
+        gemm_intensity(4, 4, -1, 2)
