@@ -45,3 +45,11 @@ def test_widget_update_follows_the_sliders():
     assert state["angles"].shape == (5,) and float(state["angles"][0]) == pytest.approx(40.0)
     base.value = 100.0
     assert float(panel.update()["angles"][1]) == pytest.approx(40 * 100.0 ** (-2 / 10))
+
+
+def test_widget_draws_a_png_for_each_setting():
+    panel = rope_explorer(position=3, n_pairs=2)
+    first = panel.children[1].value
+    assert first[:8] == b"\x89PNG\r\n\x1a\n"
+    panel.children[0].children[0].value = 300
+    assert panel.children[1].value != first

@@ -4,7 +4,7 @@ Pair i turns by the angle position * omega_i with omega_i = base^(-2i/d) (d = 2 
 the first pair spins fastest, the last barely moves, so nearby positions differ in
 the fast pairs and distant ones in the slow pairs. ``rope_explorer_state`` computes
 what the widget draws (testable without a browser); ``rope_explorer`` wires it to
-ipywidgets sliders and a matplotlib figure.
+ipywidgets sliders and a matplotlib picture.
 """
 from __future__ import annotations
 
@@ -51,47 +51,56 @@ def rope_explorer_state(position: int, n_pairs: int, base: float = 10000.0, seed
 
 
 def rope_explorer(position: int = 5, n_pairs: int = 8, base: float = 10000.0):
-    """An ipywidgets panel: sliders for position, pairs and base, a plot of every pair before
-    (grey) and after (colour) rotation, and a table of angles. Returns the widget; its
-    ``update()`` attribute redraws for the current slider values (used by the tests)."""
+    """An ipywidgets panel: sliders for position, pairs and base, and a picture of every pair
+    before (grey) and after (blue) rotation with its angle in turns. Returns the widget; its
+    ``update()`` attribute redraws for the current slider values and returns the state (tests).
+
+    The picture is a PNG in an ``ipywidgets.Image``: updating it is one widget-state message,
+    with no output capture, so the panel behaves the same in JupyterLab and in headless runs
+    (nbconvert, nbval, nbgrader)."""
+    import io
+
     import ipywidgets as widgets
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure      # drawn off-screen; pyplot's backend is left alone
+    from matplotlib.patches import Circle
 
     pos = widgets.IntSlider(value=position, min=0, max=4096, description="position")
     pairs = widgets.IntSlider(value=n_pairs, min=1, max=16, description="pairs")
     base_w = widgets.FloatLogSlider(value=base, base=10, min=1, max=6, description="base")
-    out = widgets.Output()
+    image = widgets.Image(format="png")
 
     def update(*_):
         state = rope_explorer_state(int(pos.value), int(pairs.value), float(base_w.value))
-        out.clear_output(wait=True)
-        with out:
-            n = int(pairs.value)
-            cols = min(n, 8)
-            rows = math.ceil(n / cols)
-            fig, axes = plt.subplots(rows, cols, figsize=(1.6 * cols, 1.7 * rows + 0.3), squeeze=False)
-            for i, ax in enumerate(axes.flat):
-                ax.set_axis_off()
-                if i >= n:
-                    continue
-                o, r = state["original"][i], state["rotated"][i]
-                lim = 1.1 * float(o.norm()) + 1e-9
-                ax.add_patch(plt.Circle((0, 0), float(o.norm()), fill=False, lw=0.5, color="0.8"))
-                ax.arrow(0, 0, float(o[0]), float(o[1]), color="0.6", width=0.01 * lim)
-                ax.arrow(0, 0, float(r[0]), float(r[1]), color="C0", width=0.01 * lim)
-                ax.set_xlim(-lim, lim)
-                ax.set_ylim(-lim, lim)
-                ax.set_aspect("equal")
-                ax.set_title(f"pair {i}\n{float(state['turns'][i]):.3g} turns", fontsize=8)
-            fig.suptitle(f"position {pos.value}, base {base_w.value:.3g}: |x| {state['norm_before']:.4f} "
-                         f"-> {state['norm_after']:.4f}", fontsize=9)
-            plt.tight_layout()
-            plt.show()
+        n = int(pairs.value)
+        cols = min(n, 8)
+        rows = math.ceil(n / cols)
+        fig = Figure(figsize=(1.6 * cols, 1.7 * rows + 0.4))
+        axes = fig.subplots(rows, cols, squeeze=False)
+        for i, ax in enumerate(axes.flat):
+            ax.set_axis_off()
+            if i >= n:
+                continue
+            o, r = state["original"][i], state["rotated"][i]
+            radius = float(o.norm())
+            lim = 1.1 * radius + 1e-9
+            ax.add_patch(Circle((0, 0), radius, fill=False, lw=0.5, color="0.8"))
+            ax.arrow(0, 0, float(o[0]), float(o[1]), color="0.6", width=0.01 * lim)
+            ax.arrow(0, 0, float(r[0]), float(r[1]), color="C0", width=0.01 * lim)
+            ax.set_xlim(-lim, lim)
+            ax.set_ylim(-lim, lim)
+            ax.set_aspect("equal")
+            ax.set_title(f"pair {i}\n{float(state['turns'][i]):.3g} turns", fontsize=8)
+        fig.suptitle(f"position {pos.value}, base {base_w.value:.3g}: |x| {state['norm_before']:.4f} "
+                     f"-> {state['norm_after']:.4f}", fontsize=9)
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=90)
+        image.value = buffer.getvalue()
         return state
 
     for w in (pos, pairs, base_w):
         w.observe(update, names="value")
-    panel = widgets.VBox([widgets.HBox([pos, pairs, base_w]), out])
+    panel = widgets.VBox([widgets.HBox([pos, pairs, base_w]), image])
     panel.update = update
     update()
     return panel
