@@ -131,3 +131,12 @@ def test_kvcache_refuses_bad_sizes():
 def test_config_refuses_gqa_mismatch():
     with pytest.raises(ValueError, match="divide"):
         ModelConfig(n_layers=1, d_model=8, n_heads=3, n_kv_heads=2, head_dim=4, d_ff=8, vocab_size=10)
+
+
+def test_decoder_refuses_positions_of_the_wrong_rank_or_length():
+    model = toy_decoder(seed=0)
+    ids = torch.arange(4).view(1, -1)
+    with pytest.raises(ValueError, match=r"\(T,\) or \(B, T\)"):
+        model(ids, torch.tensor(3))
+    with pytest.raises(ValueError, match="entries for T=4"):
+        model(ids, torch.arange(3))

@@ -175,10 +175,10 @@ class Decoder(nn.Module):
             start = cache.length
             if start + T > cache.max_len:
                 raise ValueError(f"KV cache overflow: {start} filled + {T} new > max_len {cache.max_len}")
+        rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, batch=B)  # once per forward
         if positions.shape[-1] != T:
             raise ValueError(f"positions has {positions.shape[-1]} entries for T={T} tokens")
         attention_fn = attention_fn or attend_with_cache
-        rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, batch=B)  # once per forward
         x = self.embed_tokens(input_ids)
         for i, block in enumerate(self.layers):
             kv = cache.layer(i) if cache is not None else None
