@@ -91,6 +91,12 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def _tolerances(dtype: torch.dtype, atol, rtol):
+    """(atol, rtol): the given values, or the dtype's defaults from LOGIT_TOLERANCES."""
+    default_atol, default_rtol = LOGIT_TOLERANCES.get(dtype, (1e-5, 1e-5))
+    return (default_atol if atol is None else atol), (default_rtol if rtol is None else rtol)
+
+
 # -- logit equivalence -------------------------------------------------------------------
 def top2_gap(logits: torch.Tensor) -> torch.Tensor:
     """Largest minus second-largest logit along the last axis (a near-tie has a small gap)."""
@@ -121,9 +127,7 @@ def check_logits_close(actual, expected: torch.Tensor, *, what: str = "logits",
             reference's top-2 gap there and whether the tokens diverged.
     """
     got = check_tensor(what, actual, shape=expected.shape, dtype=expected.dtype)
-    default_atol, default_rtol = LOGIT_TOLERANCES.get(expected.dtype, (1e-5, 1e-5))
-    atol = default_atol if atol is None else atol
-    rtol = default_rtol if rtol is None else rtol
+    atol, rtol = _tolerances(expected.dtype, atol, rtol)
     ref = expected.detach().to("cpu")
     if ref.dim() == 1:
         got, ref = got[None], ref[None]
@@ -174,9 +178,7 @@ def check_close(actual, expected: torch.Tensor, *, what: str = "output",
     """
     dtype = expected.dtype if dtype is None else dtype
     got = check_tensor(what, actual, shape=expected.shape, dtype=dtype)
-    default_atol, default_rtol = LOGIT_TOLERANCES.get(dtype, (1e-5, 1e-5))
-    atol = default_atol if atol is None else atol
-    rtol = default_rtol if rtol is None else rtol
+    atol, rtol = _tolerances(dtype, atol, rtol)
     ref = expected.detach().to("cpu").to(torch.float64)
     err = (got.to(torch.float64) - ref).abs()
     bound = (atol + rtol * ref.abs()).expand_as(ref)

@@ -400,10 +400,10 @@ def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: in
         kv = lambda n: (torch.randn(n, n_kv, D, generator=gen), torch.randn(n, n_kv, D, generator=gen))  # noqa: E731
         prefix, tail_b, tail_a = kv(P), kv(extra_b), kv(extra_a)
         label = f"case {case}: block_size {bs}, prefix {P} positions, then {extra_b} and {extra_a} more"
+        cut = rng.randint(1, P - 1)                                  # the prefix arrives in two appends
 
         def replay(pool, append, fork):
             a = PagedSequence()
-            cut = rng_cut[0]
             append(pool, a, prefix[0][:cut], prefix[1][:cut])
             append(pool, a, prefix[0][cut:], prefix[1][cut:])
             a_table_before = list(a.block_table)
@@ -411,10 +411,9 @@ def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: in
             append(pool, b, *tail_b)
             return a, b, a_table_before
 
-        rng_cut = [rng.randint(1, P - 1)]
         ref_pool = BlockPool(64, bs, n_kv, D)
         ref_cache = PagedKVCache(ref_pool)
-        ref_a, ref_b, _ = replay(ref_pool, lambda p, s, k, v: ref_cache.append(s, k, v), ref_cache.fork)
+        ref_a, _, _ = replay(ref_pool, lambda p, s, k, v: ref_cache.append(s, k, v), ref_cache.fork)
         ref_cache.append(ref_a, *tail_a)
 
         pool = BlockPool(64, bs, n_kv, D)
