@@ -13,7 +13,9 @@ Contents:
 - the per-token cost calculator of the spec's 70B example: ``weight_bytes_for_format``,
   ``kv_bytes_per_sequence``, ``step_time_bound``, ``verification_cost_ratio``,
   ``expected_tokens_per_step``, ``speculative_speedup``, ``smallest_compute_bound_batch``;
-- arithmetic intensity: ``gemv_intensity``, ``gemm_intensity``, ``decode_attention_intensity``.
+- arithmetic intensity: ``gemv_intensity``, ``gemm_intensity``, ``decode_attention_intensity``;
+- measurement: ``measure_matmul`` (W (d x d) @ X (d x B) on this machine) and
+  ``estimate_roof`` (bandwidth from B = 1, peak from the largest B, ridge).
 
 Every function raises ``ValueError`` naming the argument on bad input (non-positive sizes,
 an unknown format, ``mfu`` outside (0, 1], ...).
@@ -29,10 +31,11 @@ from .models.config import ModelConfig
 
 __all__ = [
     "CASE_WEIGHT_BYTES", "FORMAT_BITS", "StepBound", "case_model", "n_matmul", "kv_bytes_per_token",
-    "serving_file_bytes", "default_weight_bytes", "prefill_flops", "prefill_time", "decode_step_flops",
+    "serving_file_bytes", "default_weight_bytes", "requests_that_fit", "prefill_flops", "prefill_time", "decode_step_flops",
     "decode_step_bound", "capacity_table", "weight_bytes_for_format", "kv_bytes_per_sequence",
     "step_time_bound", "verification_cost_ratio", "expected_tokens_per_step", "speculative_speedup",
     "smallest_compute_bound_batch", "gemv_intensity", "gemm_intensity", "decode_attention_intensity",
+    "DEFAULT_BATCHES", "measure_matmul", "MeasuredRoof", "estimate_roof",
 ]
 
 #: Weight-file bytes of the case model used in every bound (spec: "5.5e9 bytes in the bounds").
@@ -234,6 +237,25 @@ def decode_step_bound(model: ModelConfig, device, batch: int, context: float, kv
     return StepBound.from_terms(w + b * kv * c, dev.bandwidth, decode_step_flops(model, b, c), dev.peak_flops)
 
 
+def requests_that_fit(model: ModelConfig, device, prompt_tokens: int, output_tokens: int,
+                      overhead_gb: float = 2.5, weight_bytes: float | None = None, kv_bytes_per_value=2) -> int:
+    """Full-length requests whose KV cache fits at once (COURSE_SPEC "Lab 1", capacity planning):
+    floor(free / (kv_per_token * (prompt + output))) with free = capacity - weights - overhead,
+    all in decimal bytes (1 GB = 1e9); 0 when the weights and overhead leave nothing.
+
+    Args:
+        weight_bytes: None -> ``default_weight_bytes(model)``. overhead_gb: decimal GB (>= 0).
+    Returns: an int >= 0. Raises: ValueError on non-positive sizes or a negative overhead."""
+    model = _model("model", model)
+    dev = _device("device", device)
+    prompt = _pos_int("prompt_tokens", prompt_tokens)
+    output = _pos_int("output_tokens", output_tokens)
+    overhead = _nonneg_num("overhead_gb", overhead_gb)
+    w = default_weight_bytes(model) if weight_bytes is None else _pos_num("weight_bytes", weight_bytes)
+    free = dev.capacity_bytes - w - overhead * 1e9
+    return max(0, math.floor(free / (kv_bytes_per_token(model, kv_bytes_per_value) * (prompt + output))))
+
+
 def capacity_table(model: ModelConfig | None = None, devices=None, prompt_tokens: int = 4000,
                    output_tokens: int = 2000, overhead_gb: float = 2.5, mfu: float = 0.5,
                    weight_bytes: float | None = None, kv_bytes_per_value=2):
@@ -266,13 +288,11 @@ def capacity_table(model: ModelConfig | None = None, devices=None, prompt_tokens
     overhead = _nonneg_num("overhead_gb", overhead_gb)
     mfu = _mfu(mfu)
     w = default_weight_bytes(model) if weight_bytes is None else _pos_num("weight_bytes", weight_bytes)
-    kv = kv_bytes_per_token(model, kv_bytes_per_value)
-    per_request = kv * (prompt + output)
     context = prompt + output / 2
     rows = []
     for dev in devs:
         free = dev.capacity_bytes - w - overhead * 1e9
-        batch = max(0, math.floor(free / per_request))
+        batch = requests_that_fit(model, dev, prompt, output, overhead, w, kv_bytes_per_value)
         solo = decode_step_bound(model, dev, 1, context, kv_bytes_per_value, w).bound_s
         full = decode_step_bound(model, dev, max(1, batch), context, kv_bytes_per_value, w).bound_s
         rows.append({"device": dev.name, "free_gb": free / 1e9, "batch": batch,
@@ -418,3 +438,104 @@ def decode_attention_intensity(group_size: int, bytes_per_value: float) -> float
     g = _pos_int("group_size", group_size)
     b = _pos_num("bytes_per_value", bytes_per_value)
     return 2 * g / b
+
+
+# -- measurement -----------------------------------------------------------------------------
+#: Column counts B of the CPU measurement: 1, 2, 4, ..., 512.
+DEFAULT_BATCHES: tuple[int, ...] = tuple(2 ** k for k in range(10))
+
+
+def measure_matmul(d: int = 4096, batches=DEFAULT_BATCHES, warmup: int = 2, repeats: int = 7,
+                   dtype=None, progress: bool = True, seed: int = 0):
+    """Time Y = W @ X with W (d x d) and X (d x B) on the CPU for each B in ``batches``.
+
+    Each B gets ``warmup`` untimed calls, then ``repeats`` timed calls (``time.perf_counter``
+    around one ``torch.mm`` into a preallocated output); the median is kept. Derived columns:
+    flops = 2*d*d*B; bytes = b*(d*d + d*B + d*B) (one read of each input, one write of the
+    output, b bytes per element); intensity = flops / bytes (FLOP/byte); gflop_s and gb_s are
+    flops and bytes per median second / 1e9. Source: COURSE_SPEC "Lab 1" (CPU measurement).
+
+    Pick ``d`` so that W (4*d*d bytes in float32) is larger than the last-level cache, or
+    B = 1 measures the cache rather than DRAM: the default d = 4096 is 64 MiB of float32.
+
+    Args:
+        d: width (int > 0). batches: increasing positive ints. warmup: int >= 0.
+        repeats: int > 0. dtype: a floating torch dtype (default float32). progress: show
+        a tqdm bar. seed: for the random W and X.
+    Returns:
+        pandas DataFrame with columns ``batch, seconds, flops, bytes, intensity, gflop_s,
+        gb_s``; ``df.attrs`` holds ``d``, ``dtype``, ``threads`` (torch's intra-op threads),
+        ``repeats`` and ``warmup``.
+    Raises:
+        ValueError: non-positive d/repeats, negative warmup, empty or non-increasing batches,
+            a non-floating dtype.
+    """
+    import time
+
+    import pandas as pd
+    import torch
+
+    d = _pos_int("d", d)
+    batches = [_pos_int("batches[]", b) for b in batches]
+    if not batches or any(b2 <= b1 for b1, b2 in zip(batches, batches[1:])):
+        raise ValueError(f"batches must be a non-empty increasing sequence, got {batches!r}")
+    warmup = _nonneg_int("warmup", warmup)
+    repeats = _pos_int("repeats", repeats)
+    dtype = torch.float32 if dtype is None else dtype
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating torch dtype, got {dtype!r}")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    gen = torch.Generator().manual_seed(seed)
+    W = torch.randn(d, d, generator=gen).to(dtype)
+    rows = []
+    bar = batches
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(batches, desc=f"W({d}x{d}) @ X({d}xB)", unit="B")
+    for B in bar:
+        X = torch.randn(d, B, generator=gen).to(dtype)
+        Y = torch.empty(d, B, dtype=dtype)
+        for _ in range(warmup):
+            torch.mm(W, X, out=Y)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.mm(W, X, out=Y)
+            times.append(time.perf_counter() - t0)
+        seconds = sorted(times)[len(times) // 2] if repeats % 2 else \
+            sum(sorted(times)[repeats // 2 - 1: repeats // 2 + 1]) / 2
+        flops = 2 * d * d * B
+        nbytes = itemsize * (d * d + 2 * d * B)
+        rows.append({"batch": B, "seconds": seconds, "flops": flops, "bytes": nbytes,
+                     "intensity": flops / nbytes, "gflop_s": flops / seconds / 1e9,
+                     "gb_s": nbytes / seconds / 1e9})
+    df = pd.DataFrame(rows, columns=["batch", "seconds", "flops", "bytes", "intensity", "gflop_s", "gb_s"])
+    df.attrs.update(d=d, dtype=str(dtype), threads=torch.get_num_threads(), repeats=repeats, warmup=warmup)
+    return df
+
+
+@dataclass(frozen=True)
+class MeasuredRoof:
+    """A machine's roof estimated from ``measure_matmul``: ``bandwidth`` (bytes/s, from the
+    smallest B), ``peak_flops`` (FLOP/s, from the largest B) and ``ridge_point`` (FLOP/byte).
+    These are *estimates*: the B = 1 point also does some arithmetic and the largest B may not
+    saturate the cores, so the true roof is at least this high."""
+
+    bandwidth: float
+    peak_flops: float
+
+    @property
+    def ridge_point(self) -> float:
+        return self.peak_flops / self.bandwidth
+
+
+def estimate_roof(measurements) -> MeasuredRoof:
+    """Bandwidth from the first row (B = 1: one pass over W, memory-bound) and peak compute
+    from the last row (largest B) of a ``measure_matmul`` table (COURSE_SPEC "Lab 1").
+
+    Raises: ValueError if the table lacks the columns ``gb_s`` and ``gflop_s`` or is empty."""
+    cols = getattr(measurements, "columns", ())
+    if "gb_s" not in cols or "gflop_s" not in cols or len(measurements) == 0:
+        raise ValueError("estimate_roof needs a non-empty table from measure_matmul (columns gb_s, gflop_s)")
+    return MeasuredRoof(bandwidth=float(measurements["gb_s"].iloc[0]) * 1e9,
+                        peak_flops=float(measurements["gflop_s"].iloc[-1]) * 1e9)

@@ -69,6 +69,53 @@ def check_int(name: str, obj) -> int:
     return obj
 
 
+def check_real(name: str, obj) -> float:
+    """Return ``obj`` as a float if it is exactly an int or float (or a numpy scalar of those
+    kinds) and finite. bool, tensors, arrays and number-like objects are refused, so a value
+    whose comparisons are rigged cannot pass."""
+    kind = type(obj)
+    numpy_scalar = kind.__module__ == "numpy" and kind.__name__.startswith(("float", "int", "uint"))
+    if kind not in (int, float) and not numpy_scalar:
+        raise ContractError(f"{name} must be a number (int or float), got {kind.__module__}.{kind.__qualname__}")
+    value = float(obj)
+    if not math.isfinite(value):
+        raise ContractError(f"{name} must be finite, got {value}")
+    return value
+
+
+def significant_tolerance(figures: int) -> float:
+    """Relative tolerance of "equal to ``figures`` significant figures": half a unit in the
+    last kept digit of a mantissa starting with 1, i.e. 5 * 10**-figures (4 figures: 5e-4)."""
+    return 5 * 10.0 ** -figures
+
+
+def check_significant(actual, expected: float, *, figures: int = 4, what: str = "value") -> float:
+    """Contract for times and ratios: ``actual`` is a finite real number with
+    |actual - expected| <= significant_tolerance(figures) * |expected| (course contract: "times
+    to 4 significant figures").
+
+    Returns: the float value. Raises: ContractError showing both numbers and the ratio."""
+    got = check_real(what, actual)
+    tol = significant_tolerance(figures)
+    if abs(got - expected) <= tol * abs(expected):
+        return got
+    ratio = f"; ratio got/expected = {got / expected:.6g}" if expected else ""
+    raise ContractError(f"{what}: expected {expected:.{figures + 2}g}, got {got:.{figures + 2}g} "
+                        f"(must agree to {figures} significant figures, relative error <= {tol:g}){ratio}")
+
+
+def check_own_function(name: str, fn) -> None:
+    """Refuse what is not a callable, and course_lib's own reference passed off as the learner's
+    (this catches direct reuse only; a wrapper around it is not detected).
+
+    Raises: ContractError naming the function."""
+    if not callable(fn):
+        raise ContractError(f"{name} must be a function, got {type(fn).__qualname__}")
+    if str(getattr(fn, "__module__", "") or "").startswith("course_lib"):
+        raise ContractError(f"{name} is course_lib's reference {fn.__module__}.{getattr(fn, '__qualname__', '')}; "
+                            "the exercise asks for your own implementation")
+
+
 def check_int_list(name: str, obj) -> list[int]:
     """Return a copy of ``obj`` if it is a list/tuple of exact ints (or a 1-D int64 tensor)."""
     if type(obj) is torch.Tensor:

@@ -20,20 +20,11 @@ from ..models.attention import attend_with_cache, causal_attention
 from ..models.config import ModelConfig, toy_config
 from ..models.decoder import Decoder, generate_full_recompute
 from ..models.rope import apply_rope
-from .contracts import (ContractError, check_bytes, check_close, check_int_list, check_logits_close, check_tensor,
+from .contracts import (ContractError, check_bytes, check_close, check_int_list, check_logits_close,
+                        check_own_function, check_tensor,
                         first_divergence)
 
 # -- helpers ----------------------------------------------------------------------------------
-
-
-def _own_function(name: str, fn) -> None:
-    """Refuse what is not a callable, and course_lib's own reference passed off as the learner's
-    (this catches direct reuse only; a wrapper around it is not detected)."""
-    if not callable(fn):
-        raise ContractError(f"{name} must be a function, got {type(fn).__qualname__}")
-    if str(getattr(fn, "__module__", "") or "").startswith("course_lib"):
-        raise ContractError(f"{name} is course_lib's reference {fn.__module__}.{getattr(fn, '__qualname__', '')}; "
-                            "the exercise asks for your own implementation")
 
 
 def _matches(candidate: torch.Tensor, got: torch.Tensor, atol: float = 1e-5) -> bool:
@@ -92,7 +83,7 @@ def check_apply_rope(fn: Callable, seed: int = 0, cases: int = 4) -> None:
     """Contract: fn(x (B,H,T,D) float32, positions (T,) or (B,T) int64, theta) returns float32 equal
     to the split-half rotation of course Lab 2 (computed in float64) within ``rope_tolerance``:
     1e-5 plus the rounding a float32 angle p * omega_i can carry at position p."""
-    _own_function("apply_rope", fn)
+    check_own_function("apply_rope", fn)
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     for case in range(cases):
@@ -126,7 +117,7 @@ def check_apply_rope(fn: Callable, seed: int = 0, cases: int = 4) -> None:
 def check_attention_step(fn: Callable, seed: int = 0, cases: int = 4) -> None:
     """Contract: fn(q, k_new, v_new, k_cache, v_cache, start) writes K/V at slots start..start+T-1
     (and nowhere else) and returns causal GQA attention over slots 0..start+T-1 (atol 1e-5)."""
-    _own_function("attend_with_cache", fn)
+    check_own_function("attend_with_cache", fn)
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     for case in range(cases):
@@ -222,7 +213,7 @@ def check_generation(fn: Callable, seed: int = 0, model: Decoder | None = None,
     a full recompute at every step: logits within atol 1e-5 + rtol 1e-5 on the common prefix,
     each token the argmax of its logits; and the loop must use the cache: at most T0 + n token
     ids go through the model (a full recompute feeds about T0*n + n^2/2)."""
-    _own_function("generate_with_cache", fn)
+    check_own_function("generate_with_cache", fn)
     model = model if model is not None else _hidden_model(seed)
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.config.vocab_size, (prompt_len,), generator=gen)
@@ -275,8 +266,8 @@ def check_kv_cache_bytes(formula_fn: Callable, measured_fn: Callable, seed: int 
     """Contracts: formula_fn(config, positions, bytes_per_value) == 2*L*n_kv*d_head*bytes*positions
     exactly; measured_fn(cache) == bytes of the filled slots of cache.k and cache.v, read from the
     tensors (any batch, any dtype)."""
-    _own_function("kv_cache_bytes", formula_fn)
-    _own_function("measured_kv_bytes", measured_fn)
+    check_own_function("kv_cache_bytes", formula_fn)
+    check_own_function("measured_kv_bytes", measured_fn)
     rng = random.Random(seed)
     for case in range(cases):
         n_kv = rng.choice([1, 2, 4])
@@ -300,7 +291,7 @@ def check_kv_cache_bytes(formula_fn: Callable, measured_fn: Callable, seed: int 
 def check_first_divergence(fn: Callable, seed: int = 0, cases: int = 12) -> None:
     """Contract: fn(a, b) for two lists of ints returns the first differing index, the shorter
     length when one is a proper prefix of the other, and None when they are equal."""
-    _own_function("first_divergence", fn)
+    check_own_function("first_divergence", fn)
     rng = random.Random(seed)
     pairs = [([], []), ([1], [1]), ([1, 2], [1, 2, 3]), ([5, 2, 3], [4, 2, 3]), ([1, 2, 3], [1, 2, 4])]
     for _ in range(cases):
@@ -344,7 +335,7 @@ def check_suffix_scores(fn: Callable, seed: int = 0, model: Decoder | None = Non
     """Contract: fn(model, prefix (P,) int64, suffixes list of (S_i,) int64) returns one (vocab,)
     float32 tensor per suffix, equal to the last-position logits of a cold full forward of
     prefix + suffix (atol 1e-4, rtol 1e-5), while running the prefix through the model once."""
-    _own_function("score_suffixes", fn)
+    check_own_function("score_suffixes", fn)
     model = model if model is not None else _hidden_model(seed + 1)
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -387,8 +378,8 @@ def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: in
     after a fork the full prefix blocks stay shared (same physical ids), the shared partially
     filled block is copied on write by whichever sequence appends first, the other sequence's
     data never changes, and the pool ends with the reference's ref counts and free blocks."""
-    _own_function("paged_append", append_fn)
-    _own_function("paged_read", read_fn)
+    check_own_function("paged_append", append_fn)
+    check_own_function("paged_read", read_fn)
     from ..cache.paged import BlockPool, PagedKVCache, PagedSequence
 
     rng = random.Random(seed)

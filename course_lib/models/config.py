@@ -105,6 +105,17 @@ def smollm2_135m_config(**overrides) -> ModelConfig:
     return ModelConfig(**fields)
 
 
+def smollm2_360m_config(**overrides) -> ModelConfig:
+    """SmolLM2-360M: 32 layers, width 960, 15 query / 5 KV heads of 64, SwiGLU 2560,
+    vocab 49,152, tied, RoPE theta 100,000; 361,821,120 parameters (the checkpoint's
+    config.json on the model hub, HuggingFaceTB/SmolLM2-360M)."""
+    fields = dict(n_layers=32, d_model=960, n_heads=15, n_kv_heads=5, head_dim=64, d_ff=2560,
+                  vocab_size=49152, tie_embeddings=True, rope_theta=100000.0, norm_eps=1e-5,
+                  max_seq_len=8192)
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
 def config_from_hf(hf_config) -> ModelConfig:
     """Build a ModelConfig from a transformers ``LlamaConfig`` (or its ``to_dict()``)."""
     get = (lambda k, d=None: hf_config.get(k, d)) if isinstance(hf_config, dict) else \
