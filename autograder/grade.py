@@ -62,6 +62,7 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_ROOT = HERE.parent
 BASE_CONFIG = HERE / "nbgrader_config.py"
 WORK_MARKER = ".grading-work"  # marks a folder this driver may empty
+NOT_SUBMITTED = "not submitted"  # the error of a (learner, lab) pair with no notebook
 TOTAL = "total"  # the `cell` value that means a notebook's total in --expected files
 GLOB_CHARS = set("*?[]")
 EXIT_OK, EXIT_MISMATCH, EXIT_INFRA = 0, 1, 2
@@ -190,7 +191,7 @@ def find_submissions(submissions: Path, labs_available: set[str]) -> list[Submis
         for lab in labs:
             row = Submission(learner.name, lab, folder=learner / lab)
             if not row.folder.is_dir():
-                row.folder, row.error = None, "not submitted"
+                row.folder, row.error = None, NOT_SUBMITTED
             elif lab not in labs_available:
                 row.error = f"unknown lab: no solutions/{lab}/{lab}.ipynb"
             else:
@@ -499,7 +500,9 @@ def compare_expected(expected_path: Path, totals: pd.DataFrame, cells: pd.DataFr
     The expected file is a CSV with columns learner, lab, score and optionally cell. A
     row whose cell is empty or "total" is checked against the notebook total; any other
     cell value is a grade cell id (nbgrader's grade_id). Every graded (learner, lab)
-    must have an expected total, so a new sample without expectations also fails.
+    must have an expected total, so a new sample without expectations also fails; a
+    (learner, lab) pair that was never submitted needs one only if the file names it (a
+    sample that disappears still fails: its expected total no longer matches).
     """
     try:
         expected = read_csv_text(expected_path)
@@ -530,7 +533,7 @@ def compare_expected(expected_path: Path, totals: pd.DataFrame, cells: pd.DataFr
                                 "actual": got, "note": ""})
     covered = {(r.learner, r.lab) for r in expected.itertuples() if r.cell == TOTAL}
     for r in totals.itertuples():
-        if (r.learner, r.lab) not in covered:
+        if (r.learner, r.lab) not in covered and r.error != NOT_SUBMITTED:
             differences.append({"learner": r.learner, "lab": r.lab, "cell": TOTAL, "expected": math.nan,
                                 "actual": r.score, "note": "no expected total"})
     return pd.DataFrame(differences, columns=["learner", "lab", "cell", "expected", "actual", "note"])

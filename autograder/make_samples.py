@@ -29,6 +29,28 @@ MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
 # lab -> learner -> list of (solution cell grade_id, text to find, replacement). Each edit
 # must match exactly once, so a change to the solution cannot silently disable a fault.
 FAULTS: dict[str, dict[str, list[tuple[str, str, str]]]] = {
+    "01_roofline": {
+        "fault_untied_embedding_in_nmatmul": [(
+            "count_parameters",
+            "n_matmul = n_params - (0 if config.tie_embeddings else table)",
+            "n_matmul = n_params")],
+        "fault_kv_factor_two_missing": [(
+            "kv_bytes_per_token",
+            "return 2 * config.n_layers * config.n_kv_heads",
+            "return config.n_layers * config.n_kv_heads")],
+        "fault_query_heads_for_kv": [(
+            "kv_bytes_per_token",
+            "config.n_kv_heads * config.head_dim",
+            "config.n_heads * config.head_dim")],
+        "fault_gib_for_gb": [(
+            "requests_that_fit",
+            "free = device.capacity_gb * 1e9 - weight_bytes - overhead_gb * 1e9",
+            "free = device.capacity_gb * 2**30 - weight_bytes - overhead_gb * 2**30")],
+        "fault_sum_not_max": [(
+            "decode_step_bound",
+            "return max(bytes_moved / bandwidth, flops / peak)",
+            "return bytes_moved / bandwidth + flops / peak")],
+    },
     "02_kv_cache": {
         "fault_rope_off_by_one": [(
             "generate_with_cache",

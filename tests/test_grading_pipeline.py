@@ -298,3 +298,22 @@ def test_infrastructure_failures_exit_2(tmp_path):
     refused = run_driver(tmp_path / "batch", "--root", tmp_path, "--work", foreign)
     assert refused.returncode == 2 and "not made by this driver" in refused.stderr
     assert (foreign / "keep.txt").exists()
+
+
+def test_expected_file_needs_totals_only_for_submitted_pairs(tmp_path):
+    driver = load_driver()
+    totals = pd.DataFrame([
+        {"learner": "ann", "lab": "01_a", "score": 3.0, "max_score": 3.0, "error": ""},
+        {"learner": "ann", "lab": "02_b", "score": 0.0, "max_score": 5.0, "error": driver.NOT_SUBMITTED},
+        {"learner": "ben", "lab": "01_a", "score": 1.0, "max_score": 3.0, "error": ""},
+    ])
+    cells = pd.DataFrame(columns=["learner", "lab", "cell", "score"])
+    expected = tmp_path / "expected.csv"
+    expected.write_text("learner,lab,cell,score\nann,01_a,total,3\n")
+    diff = driver.compare_expected(expected, totals, cells)
+    # ben was graded without an expectation: reported; ann's missing 02_b is not
+    assert list(zip(diff["learner"], diff["lab"], diff["note"])) == [("ben", "01_a", "no expected total")]
+    expected.write_text("learner,lab,cell,score\nann,01_a,total,3\nann,02_b,total,5\nben,01_a,total,1\n")
+    diff = driver.compare_expected(expected, totals, cells)
+    # a named sample that vanished fails on its total
+    assert list(zip(diff["learner"], diff["lab"], diff["expected"], diff["actual"])) == [("ann", "02_b", 5.0, 0.0)]
