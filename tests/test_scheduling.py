@@ -1,0 +1,484 @@
+"""Lab 3 scheduling library (COURSE_SPEC.md "Lab 3: scheduling" and the Lab 3 issue's
+"Exact semantics").
+
+Expected numbers are typed in from the spec or derived here by hand arithmetic written out
+in the test, never obtained by calling the simulator under test. The fast simulator is also
+compared with the plain per-iteration reference in ``scheduling_reference.py``.
+"""
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import numpy as np
+import pytest
+
+import course_lib.scheduling.capacity_search as capacity_module
+from course_lib.roofline import CASE_WEIGHT_BYTES, case_model, n_matmul
+from course_lib.scheduling import (
+    CHUNK_BUDGET, MAX_RUNNING, POLICIES, PROFILES, Device, Request, RequestRecord, RequestTooLargeError,
+    StepPlan, capacity, chunked_step, cost_per_million_tokens, iteration_time, make_workload, meets_targets,
+    metrics, run_trace, run_with_step, simulate,
+)
+from scheduling_reference import reference_run
+
+APPROX = dict(rel=1e-12, abs=1e-12)
+
+# A small device whose times are easy to write out: kv = 1 byte per token, so memory is a
+# token count; time = max((1000 + context) / 1000, (2 * positions + 4 * attention) / 10000).
+# Decodes are memory-bound, long prefill chunks compute-bound.
+def tiny(memory: float) -> Device:
+    return Device(memory=memory, bandwidth=1000.0, compute=10000.0, kv=1, n_matmul=1, n_layers=1, d_model=1,
+                  weights=1000.0)
+
+
+def times_of(records):
+    return [list(r.token_times) for r in records]
+
+
+def assert_times(records, expected):
+    got = times_of(records)
+    assert len(got) == len(expected)
+    for i, (g, e) in enumerate(zip(got, expected)):
+        assert g == pytest.approx(e, **APPROX), f"request {i}: got {g}, expected {e}"
+
+
+# -- cost model ------------------------------------------------------------------------------
+def test_device_defaults_are_the_spec_case_model():
+    d = Device()
+    assert (d.memory, d.bandwidth, d.compute, d.kv) == (16e9, 1e12, 0.5 * 165e12, 147_456)
+    assert (d.n_matmul, d.n_layers, d.d_model, d.weights) == (8_927_875_072, 36, 4096, 5.5e9)
+    # and they are the roofline module's case model, not retyped copies
+    assert d.n_matmul == n_matmul(case_model()) and d.weights == CASE_WEIGHT_BYTES
+    assert d.kv_tokens == 108_506  # floor(16e9 / 147456)
+
+
+def test_profiles_match_spec():
+    assert list(PROFILES) == ["24GB-bf16", "24GB-int8", "H100-bf16", "L4-bf16"]
+    base = PROFILES["24GB-bf16"]
+    assert base.device == Device() and base.dollars_per_hour == 1.00
+    int8 = PROFILES["24GB-int8"]
+    assert int8.device.kv == 73_728 and int8.dollars_per_hour == 1.00 and int8.device.memory == 16e9
+    h100 = PROFILES["H100-bf16"].device
+    assert (h100.memory, h100.bandwidth, h100.compute) == (72e9, 3.35e12, 0.5 * 989e12)
+    assert PROFILES["H100-bf16"].dollars_per_hour == 2.50
+    l4 = PROFILES["L4-bf16"].device
+    assert (l4.memory, l4.bandwidth, l4.compute, l4.kv) == (16e9, 0.30e12, 0.5 * 121e12, 147_456)
+    assert PROFILES["L4-bf16"].dollars_per_hour == 0.80
+
+
+def test_spec_reference_figures():
+    assert round(iteration_time([], [(4000, 0)]), 3) == 0.923
+    assert round(iteration_time([5000] * 18, []) * 1e3, 2) == 18.77
+    assert round(iteration_time([5000] * 17, [(512, 0)]) * 1e3, 2) == 116.04
+    assert round(iteration_time([5000] * 17, [(512, 2000)]) * 1e3, 2) == 123.36
+    assert round(iteration_time([5000] * 17, [(128, 0)]) * 1e3, 2) == 32.05
+    assert round(iteration_time([5000] * 17, [(128, 2000)]) * 1e3, 2) == 33.88
+
+
+def test_iteration_time_formula_by_hand():
+    d = tiny(1e6)
+    # 2 decodes at 100 and 50, one chunk of 10 on 20 cached: positions 12,
+    # attention 150 + 10*20 + 55 = 405, context 150 + 20 = 170
+    assert iteration_time([100, 50], [(10, 20)], d) == max((1000 + 170) / 1000, (2 * 12 + 4 * 405) / 10000)
+    # a compute-bound chunk: positions 300, attention 300*301/2 = 45150
+    assert iteration_time([], [(300, 0)], d) == (2 * 300 + 4 * 45150) / 10000
+    # max of the two times, never their sum
+    assert iteration_time([7], [], d) == (1000 + 7) / 1000
+
+
+@pytest.mark.parametrize("decodes, chunks, error", [
+    ([-1], [], ValueError), ([], [(0, 5)], ValueError), ([], [(5, -1)], ValueError), ([], [], ValueError),
+    ([1.5], [], TypeError), (["3"], [], TypeError), ([], [(5,)], TypeError), ([], [(5.0, 1)], TypeError),
+    (5, [], TypeError), ([], "ab", TypeError), ([True], [], TypeError),
+])
+def test_iteration_time_rejects_bad_input(decodes, chunks, error):
+    with pytest.raises(error):
+        iteration_time(decodes, chunks)
+
+
+def test_iteration_time_rejects_bad_device():
+    with pytest.raises(TypeError, match="Device"):
+        iteration_time([1], [], device="24GB")
+    with pytest.raises(ValueError, match="memory"):
+        Device(memory=-1)
+    with pytest.raises(TypeError, match="kv"):
+        Device(kv="big")
+
+
+def test_cost_per_million_tokens():
+    assert cost_per_million_tokens(500.0, 1.00) == pytest.approx(1.00 / 3600 / 500 * 1e6)
+    with pytest.raises(ValueError, match="tokens_per_s"):
+        cost_per_million_tokens(0.0, 1.0)
+
+
+# -- workload ----------------------------------------------------------------------------------
+def test_workload_matches_spec():
+    w = make_workload(0.20)
+    assert len(w) == 300
+    assert round(statistics.mean(r.output for r in w), 1) == 1737.4
+    assert round(300 / w[-1].arrival, 3) == 0.224
+    assert all(2000 <= r.prompt <= 6000 and 16 <= r.output <= 4000 for r in w)
+    assert [r.arrival for r in w] == sorted(r.arrival for r in w)
+
+
+def test_workload_draw_order_by_hand():
+    rng = random.Random(0)
+    a = rng.expovariate(0.5)
+    p = rng.randint(2000, 6000)
+    o = min(4000, max(16, int(rng.lognormvariate(math.log(1500), 0.6))))
+    assert make_workload(0.5, count=1)[0] == Request(a, p, o)
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(rate=-0.1), ValueError), (dict(rate=0), ValueError), (dict(rate=math.inf), ValueError),
+    (dict(rate=0.2, count=0), ValueError), (dict(rate=0.2, count=2.5), TypeError),
+])
+def test_workload_rejects_bad_input(kwargs, error):
+    with pytest.raises(error):
+        make_workload(**kwargs)
+
+
+# -- golden traces, one per policy ------------------------------------------------------------
+def test_golden_static():
+    # A and B queue; the oldest (A, t=0) waits 2 s, so the batch [A, B] leaves at t=2.0.
+    # C arrives during the batch, waits until its own 2 s deadline at 7.0, and runs alone.
+    reqs = [Request(0.0, 100, 3), Request(0.5, 50, 2), Request(5.0, 20, 1)]
+    t1 = 2.0 + max((1000 + 0) / 1000, (2 * 150 + 4 * (5050 + 1275)) / 10000)   # prefill 100 + 50: 2.56 s
+    t2 = t1 + max((1000 + 150) / 1000, (2 * 2 + 4 * 150) / 10000)              # decode at 100, 50: 1.15 s
+    t3 = t2 + max((1000 + 152) / 1000, (2 * 2 + 4 * 152) / 10000)              # B finished but its slot
+    #                                                                            still decodes (101 + 51)
+    t4 = 7.0 + max((1000 + 0) / 1000, (2 * 20 + 4 * 210) / 10000)              # C's prefill: memory-bound 1.0 s
+    assert_times(run_trace(reqs, "static", tiny(1e6)), [[t1, t2, t3], [t1, t2], [t4]])
+    assert (t1, t2, t3, t4) == pytest.approx((4.56, 5.71, 6.862, 8.0))
+
+
+def test_golden_static_full_batch_dispatches_at_once():
+    # 16 requests 0.1 s apart: the 16th (t=1.5) fills the batch before the 2 s deadline.
+    # The 17th waits for the batch (it is static), then for its own deadline 1.6 + 2 = 3.6.
+    reqs = [Request(0.1 * i, 10, 1) for i in range(17)]
+    prefill16 = max(1000 / 1000, (2 * 160 + 4 * 16 * 55) / 10000)   # 1.0 s, memory-bound
+    prefill1 = max(1000 / 1000, (2 * 10 + 4 * 55) / 10000)          # 1.0 s
+    records = run_trace(reqs, "static", tiny(1e6))
+    assert_times(records, [[0.1 * 15 + prefill16]] * 16 + [[0.1 * 16 + 2.0 + prefill1]])
+
+
+def test_golden_reserve():
+    # memory 5000 tokens: each request is charged prompt + 4000, so B (4040) cannot join A
+    # (4300) under 0.99 * 5000 = 4950 and waits until A has finished.
+    reqs = [Request(0.0, 300, 3), Request(0.0, 40, 2)]
+    a1 = max(1000 / 1000, (2 * 300 + 4 * (300 * 301 // 2)) / 10000)   # 18.12 s
+    a2 = a1 + (1000 + 300) / 1000
+    a3 = a2 + (1000 + 301) / 1000
+    b1 = a3 + max(1000 / 1000, (2 * 40 + 4 * 820) / 10000)           # 1.0 s
+    b2 = b1 + (1000 + 40) / 1000
+    records = run_trace(reqs, "reserve", tiny(5000))
+    assert_times(records, [[a1, a2, a3], [b1, b2]])
+    assert [r.preemptions for r in records] == [0, 0]
+    # paged charges what is used: both run together from the start
+    assert run_trace(reqs, "paged", tiny(5000))[1].token_times[0] == pytest.approx(
+        max(1000 / 1000, (2 * 340 + 4 * (45150 + 820)) / 10000), **APPROX)
+
+
+def test_golden_paged_preemption_reprefills_generated_tokens():
+    # memory 395 tokens (admission 0.99 * 395 = 391.05): A (200) and B (190) both join.
+    reqs = [Request(0.0, 200, 6), Request(0.0, 190, 5)]
+    t1 = max(1000 / 1000, (2 * 390 + 4 * (20100 + 18145)) / 10000)   # both prefills: 15.376 s
+    t2 = t1 + (1000 + 390) / 1000                                    # contexts 200 + 190 -> 392 <= 395
+    t3 = t2 + (1000 + 392) / 1000                                    # -> 394 <= 395
+    # iteration 4: 394 + 2 = 396 > 395: preempt B (the newest; it has generated 3); A decodes alone
+    t4 = t3 + (1000 + 202) / 1000
+    t5 = t4 + (1000 + 203) / 1000  # B waits: 204 + 193 > 391.05
+    t6 = t5 + (1000 + 204) / 1000  # A's 6th token: A leaves
+    # B is re-admitted and re-prefills prompt + generated = 193 positions, emitting its 4th token
+    t7 = t6 + max(1000 / 1000, (2 * 193 + 4 * (193 * 194 // 2)) / 10000)   # 7.527 s
+    t8 = t7 + (1000 + 193) / 1000
+    records = run_trace(reqs, "paged", tiny(395))
+    assert_times(records, [[t1, t2, t3, t4, t5, t6], [t1, t2, t3, t7, t8]])
+    assert [r.preemptions for r in records] == [0, 1]
+    assert metrics(records)["preemptions"] == 1
+
+
+def test_golden_chunked_prefill_split():
+    # A's 600-token prompt is prefilled in chunks of 256, 256, 88. B (arrives at 1.0) is
+    # admitted at once but gets no budget (a chunk of 0 is skipped) until A's last chunk
+    # leaves 168 positions: then both chunks run in one iteration and both emit a token.
+    reqs = [Request(0.0, 600, 3), Request(1.0, 100, 2)]
+    t1 = max((1000 + 0) / 1000, (2 * 256 + 4 * (256 * 257 // 2)) / 10000)                  # 13.2096
+    t2 = t1 + max((1000 + 256) / 1000, (2 * 256 + 4 * (256 * 256 + 32896)) / 10000)        # 39.424
+    t3 = t2 + max((1000 + 512 + 0) / 1000, (2 * 188 + 4 * (88 * 512 + 3916 + 5050)) / 10000)   # 21.6464
+    t4 = t3 + max((1000 + 700) / 1000, (2 * 2 + 4 * 700) / 10000)                          # decode 600, 100
+    t5 = t4 + (1000 + 601) / 1000
+    assert_times(run_trace(reqs, "chunked", tiny(10_000)), [[t3, t4, t5], [t3, t4]])
+    assert (t1, t2 - t1, t3 - t2) == pytest.approx((13.2096, 39.424, 21.6464))
+
+
+def test_golden_chunked_preemption():
+    # memory 365 (admission 361.35): A (300) and B (60) join at t=0; B waits for budget.
+    reqs = [Request(0.0, 300, 4), Request(0.0, 60, 5)]
+    t1 = max(1000 / 1000, (2 * 256 + 4 * 32896) / 10000)                        # A: 256 of 300
+    t2 = t1 + max((1000 + 256) / 1000, (2 * 104 + 4 * (44 * 256 + 990 + 1830)) / 10000)   # A: 44, B: 60
+    t3 = t2 + (1000 + 360) / 1000   # contexts 300 + 60 -> 362 <= 365
+    t4 = t3 + (1000 + 362) / 1000   # -> 364
+    # iteration 5: 364 + 2 > 365: preempt B (newest, 3 tokens generated); A decodes alone
+    t5 = t4 + (1000 + 302) / 1000   # A's 4th token: A leaves
+    t6 = t5 + max(1000 / 1000, (2 * 63 + 4 * (63 * 64 // 2)) / 10000)   # B re-prefills 60 + 3 = 63
+    t7 = t6 + (1000 + 63) / 1000
+    records = run_trace(reqs, "chunked", tiny(365))
+    assert_times(records, [[t2, t3, t4, t5], [t2, t3, t4, t6, t7]])
+    assert [r.preemptions for r in records] == [0, 1]
+
+
+# -- the chunked policy's scheduling step --------------------------------------------------------
+def test_step_admission_budget_and_skipped_chunk():
+    d = tiny(1000)  # admission limit 990 positions, capacity 1000
+    # one request decoding at 520; the queue holds 400 and 10: both fit (920, 930 <= 990).
+    # The first newcomer takes the whole budget of 256, the second gets a chunk of 0 (skipped).
+    plan = chunked_step([(520, 500)], [400, 10], d)
+    assert plan == StepPlan(admitted=2, preempted=0, decodes=(0,), chunks=((1, 256),))
+    # FIFO: a head that does not fit blocks the ones behind it
+    assert chunked_step([(520, 500)], [500, 10], d) == StepPlan(0, 0, (0,), ())
+    # budget=None is the paged step: whole prefills
+    assert chunked_step([], [400, 300], d, budget=None) == StepPlan(2, 0, (), ((0, 400), (1, 300)))
+    # the budget is walked in admission order and shared
+    assert chunked_step([(100, 300), (0, 200)], [], d) == StepPlan(0, 0, (), ((0, 200), (1, 56)))
+    # max_running caps admission
+    assert chunked_step([(5, 1)], [10], d, max_running=1) == StepPlan(0, 0, (0,), ())
+
+
+def test_step_preempts_the_newest():
+    d = tiny(1000)
+    assert chunked_step([(600, 500), (390, 300)], [], d) == StepPlan(0, 0, (0, 1), ())   # 992 <= 1000
+    # 600 + 399 + 2 = 1001 > 1000: the newest (index 1) goes, not the oldest
+    assert chunked_step([(600, 500), (399, 300)], [], d) == StepPlan(0, 1, (0,), ())
+    # preemption may need several victims, newest first: the newest (no cache yet, a 50-token
+    # chunk) goes first, 999 + 2 > 1000 still, so the decoding one at 399 goes too
+    assert chunked_step([(600, 500), (399, 300), (0, 50)], [], d) == StepPlan(0, 2, (0,), ())
+
+
+def test_step_cannot_fit():
+    d = tiny(1000)
+    with pytest.raises(RequestTooLargeError, match="queue head"):
+        chunked_step([], [991], d)
+    with pytest.raises(RequestTooLargeError, match="outgrow"):
+        chunked_step([(1000, 900)], [], d)
+    with pytest.raises(ValueError, match="nothing to schedule"):
+        chunked_step([], [], d)
+    with pytest.raises(TypeError):
+        chunked_step([(1.5, 2)], [], d)
+
+
+# -- metrics --------------------------------------------------------------------------------
+def record(arrival, times, preemptions=0):
+    return RequestRecord(arrival, 10, len(times), np.array(times, dtype=np.float64), preemptions)
+
+
+def test_metrics_by_hand():
+    records = [
+        record(0.0, [1.0, 1.05, 1.25]),          # TTFT 1.0, gaps 0.05 0.2, TPOT 0.25 / 2
+        record(0.5, [2.0]),                      # TTFT 1.5, one token: no gap, TPOT undefined
+        record(1.0, [5.0, 5.08, 5.16, 5.24], 1),  # TTFT 4.0, gaps 0.08 x 3, TPOT 0.24 / 3
+        record(2.0, [2.5, 2.59]),                # TTFT 0.5, gap 0.09, TPOT 0.09
+    ]
+    m = metrics(records)
+    # TTFT sorted 0.5 1.0 1.5 4.0; linear quantiles at positions 3q
+    assert m["ttft50"] == pytest.approx(1.0 + 0.5 * (1.5 - 1.0))
+    assert m["ttft99"] == pytest.approx(1.5 + 0.97 * (4.0 - 1.5))
+    # ITL pooled over every gap: 0.05 0.08 0.08 0.08 0.09 0.2; positions 5q
+    assert m["itl50"] == pytest.approx(0.08)
+    assert m["itl99"] == pytest.approx(0.09 + 0.95 * (0.2 - 0.09))   # not the mean of per-request p99s
+    assert m["itlmax"] == pytest.approx(0.2)
+    assert m["tpot50"] == pytest.approx(0.09)                          # median of 0.125, 0.08, 0.09
+    assert m["e2e50"] == pytest.approx((1.25 + 1.5) / 2)              # 0.59 1.25 1.5 4.24
+    assert m["throughput"] == pytest.approx(10 / 5.24)                 # tokens / final clock
+    assert m["goodput"] == pytest.approx(2 / 5.24)                     # the one-token answer and the last
+    assert m["preemptions"] == 1
+    assert m["realised"] == pytest.approx(4 / 2.0)
+    assert list(m) == ["ttft50", "ttft99", "itl50", "itl99", "itlmax", "tpot50", "e2e50", "throughput",
+                       "goodput", "preemptions", "realised"]
+
+
+def test_metrics_one_token_answers_only():
+    m = metrics([record(0.0, [1.0]), record(1.0, [3.0])])
+    assert math.isnan(m["tpot50"]) and math.isnan(m["itl99"])
+    assert m["ttft50"] == pytest.approx(1.5) and m["goodput"] == pytest.approx(2 / 3.0)
+
+
+def test_metrics_rejects_bad_input():
+    with pytest.raises(ValueError, match="non-empty"):
+        metrics([])
+    with pytest.raises(TypeError):
+        metrics([(0.0, [1.0])])
+    with pytest.raises(ValueError, match="token_times"):
+        metrics([RequestRecord(0.0, 10, 3, np.array([1.0, 2.0]), 0)])
+    with pytest.raises(ValueError, match="non-decreasing"):
+        metrics([record(0.0, [2.0, 1.0])])
+    with pytest.raises(ValueError, match="targets"):
+        metrics([record(0.0, [1.0])], targets=(3.0,))
+
+
+# -- bad input to the simulator -------------------------------------------------------------
+def test_unknown_policy_names_the_valid_ones():
+    for bad in ("fifo", "Chunked", None):
+        with pytest.raises(ValueError, match="'static', 'reserve', 'paged', 'chunked'"):
+            simulate(0.2, bad)
+    with pytest.raises(ValueError, match="policy"):
+        run_trace([Request(0.0, 10, 1)], "sjf")
+
+
+def test_negative_rate():
+    with pytest.raises(ValueError, match="rate"):
+        simulate(-0.1, "chunked")
+
+
+@pytest.mark.parametrize("policy, request_", [
+    ("paged", Request(0.0, 1000, 5)),      # prompt alone exceeds 0.99 * 1000
+    ("chunked", Request(0.0, 1000, 5)),
+    ("reserve", Request(0.0, 10, 5)),      # 10 + 4000 reserved exceeds 990
+    ("chunked", Request(0.0, 900, 200)),   # fits at admission, outgrows memory alone
+    ("paged", Request(0.0, 900, 200)),
+])
+def test_request_that_cannot_fit(policy, request_):
+    with pytest.raises(RequestTooLargeError, match="never"):
+        run_trace([request_], policy, tiny(1000))
+
+
+def test_bad_traces():
+    with pytest.raises(ValueError, match="empty"):
+        run_trace([], "paged")
+    with pytest.raises(ValueError, match="arrival order"):
+        run_trace([Request(1.0, 10, 2), Request(0.5, 10, 2)], "paged")
+    with pytest.raises(ValueError, match="output"):
+        Request(0.0, 10, 0)
+    with pytest.raises(ValueError, match="output"):
+        Request(0.0, 10, 4001)
+    with pytest.raises(TypeError):
+        run_trace([Request(0.0, 10, 2)], "paged", device=3)
+    with pytest.raises(ValueError, match="profile"):
+        run_trace([Request(0.0, 10, 2)], "paged", device="A100")
+
+
+# -- fast simulator == plain per-iteration reference ---------------------------------------------
+def assert_identical(fast, ref):
+    assert len(fast) == len(ref)
+    for a, b in zip(fast, ref):
+        assert a.preemptions == b.preemptions
+        np.testing.assert_array_equal(a.token_times, b.token_times)   # bit for bit
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.4, 2.0])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_fast_matches_reference_on_the_workload(policy, rate):
+    reqs = make_workload(rate, count=30)
+    ref, clock, preemptions = reference_run(reqs, policy)
+    fast = run_trace(reqs, policy)
+    assert_identical(fast, ref)
+    assert metrics(fast) == metrics(ref)
+    assert max(r.token_times[-1] for r in fast) == clock
+
+
+def test_fast_matches_reference_with_preemptions_on_small_devices():
+    # the 24GB-int8 and H100 profiles, and a small budget, at rates where preemption happens
+    cases = [("24GB-int8", 1.0, 40, "chunked"), ("H100-bf16", 3.0, 40, "paged"),
+             (Device(memory=2.5e9), 0.5, 30, "chunked"), (Device(memory=2.5e9), 0.5, 30, "paged"),
+             # float model sizes: the simulator's stretches take the per-iteration path
+             (Device(n_matmul=8.9e9, d_model=4096.0), 0.4, 20, "chunked")]
+    total = 0
+    for device, rate, count, policy in cases:
+        device = PROFILES[device].device if isinstance(device, str) else device
+        reqs = make_workload(rate, count=count)
+        ref, _, preemptions = reference_run(reqs, policy, device)
+        assert_identical(run_trace(reqs, policy, device), ref)
+        total += preemptions
+    assert total > 0
+
+
+@pytest.mark.parametrize("policy, rate", [("chunked", 0.4), ("static", 0.2)])
+def test_fast_matches_reference_on_the_full_workload(policy, rate):
+    # 300 requests: long decode-only and chunk stretches (chunked at 0.4 preempts thousands of times)
+    reqs = make_workload(rate)
+    ref, clock, _ = reference_run(reqs, policy)
+    fast = run_trace(reqs, policy)
+    assert_identical(fast, ref)
+    assert metrics(fast) == metrics(ref) == simulate(rate, policy)
+
+
+def random_trace(rng, n):
+    arrival, reqs = 0.0, []
+    for _ in range(n):
+        arrival += rng.expovariate(rng.choice([0.01, 0.1, 1.0]))
+        reqs.append(Request(arrival, rng.randint(1, 900), rng.randint(1, 300)))
+    return reqs
+
+
+def test_fast_matches_reference_on_random_tiny_devices():
+    rng = random.Random(7)
+    seen = {"preemptions": 0, "errors": 0, "runs": 0}
+    for _ in range(80):
+        kv = rng.choice([1, 3])
+        device = Device(memory=rng.randint(400, 5000) * kv * rng.choice([1, 1.0003]),
+                        bandwidth=rng.choice([1e3, 3.3e3]), compute=rng.choice([7e3, 1e5]), kv=kv,
+                        n_matmul=rng.randint(1, 5), n_layers=1, d_model=rng.randint(1, 3),
+                        weights=rng.choice([1000.0, 333.3]))
+        reqs = random_trace(rng, rng.randint(1, 15))
+        for policy in POLICIES:
+            try:
+                ref, _, preemptions = reference_run(reqs, policy, device)
+            except RequestTooLargeError:
+                with pytest.raises(RequestTooLargeError):
+                    run_trace(reqs, policy, device)
+                seen["errors"] += 1
+                continue
+            assert_identical(run_trace(reqs, policy, device), ref)
+            if policy != "static":
+                budget = CHUNK_BUDGET if policy == "chunked" else None
+                if policy != "reserve":
+                    assert_identical(run_with_step(reqs, device, budget=budget), ref)
+            seen["preemptions"] += preemptions
+            seen["runs"] += 1
+    assert seen["preemptions"] > 20 and seen["errors"] > 0 and seen["runs"] > 100
+
+
+def test_run_with_step_uses_the_given_step():
+    reqs = make_workload(0.3, count=12)
+    calls = []
+
+    def spy(running, queue, device, *, budget, max_running):
+        calls.append(len(running))
+        return chunked_step(running, queue, device, budget=budget, max_running=max_running)
+
+    assert_identical(run_with_step(reqs, step=spy), run_trace(reqs, "chunked"))
+    assert calls and MAX_RUNNING == 256
+    with pytest.raises(ValueError, match="empty iteration"):
+        run_with_step(reqs, step=lambda running, queue, device, **kw: StepPlan(len(queue), 0, (), ()))
+    with pytest.raises(ValueError, match="chunk"):
+        run_with_step(reqs, step=lambda running, queue, device, **kw: StepPlan(1, 0, (), ((0, 10**6),)))
+
+
+# -- capacity ---------------------------------------------------------------------------------
+def test_capacity_bisection_logic(monkeypatch):
+    calls = []
+
+    def fake(rate, policy, device, count):
+        calls.append((rate, policy))
+        ok = rate <= 0.3
+        return {"ttft99": 1.0 if ok else 9.0, "itl99": 0.05, "rate": rate}
+
+    monkeypatch.setattr(capacity_module, "simulate", fake)
+    rate, m = capacity(Device())
+    assert len(calls) == 10 and all(p == "chunked" for _, p in calls)
+    lo, hi = 0.01, 4.0
+    for _ in range(10):   # the same bisection written out: keep the lower bound when it passes
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mid <= 0.3 else (lo, mid)
+    assert rate == lo and m["rate"] == lo and 0.3 - 3.99 / 1024 < rate <= 0.3
+
+
+def test_capacity_on_the_spec_device():
+    rate, m = capacity("24GB-bf16")
+    assert meets_targets(m) and m == simulate(rate, "chunked")
+    step = 3.99 / 1024
+    assert 0.01 <= rate < 4.0 and abs((rate - 0.01) / step - round((rate - 0.01) / step)) < 1e-6
+    with pytest.raises(ValueError, match="targets"):
+        capacity(Device(), targets=(3.0, -1.0))
