@@ -235,32 +235,32 @@ def test_step_admission_budget_and_skipped_chunk():
     d = tiny(1000)  # admission limit 990 positions, capacity 1000
     # one request decoding at 520; the queue holds 400 and 10: both fit (920, 930 <= 990).
     # The first newcomer takes the whole budget of 256, the second gets a chunk of 0 (skipped).
-    plan = chunked_step([(520, 500)], [400, 10], d)
-    assert plan == StepPlan(admitted=2, preempted=0, decodes=(0,), chunks=((1, 256),))
+    plan = chunked_step([(520, 500)], [(400, 0), (10, 0)], d)
+    assert plan == StepPlan(admitted=2, preempted=(), decodes=(0,), chunks=((1, 256),))
     # FIFO: a head that does not fit blocks the ones behind it
-    assert chunked_step([(520, 500)], [500, 10], d) == StepPlan(0, 0, (0,), ())
+    assert chunked_step([(520, 500)], [(500, 0), (10, 0)], d) == StepPlan(0, (), (0,), ())
     # budget=None is the paged step: whole prefills
-    assert chunked_step([], [400, 300], d, budget=None) == StepPlan(2, 0, (), ((0, 400), (1, 300)))
+    assert chunked_step([], [(400, 0), (290, 10)], d, budget=None) == StepPlan(2, (), (), ((0, 400), (1, 300)))
     # the budget is walked in admission order and shared
-    assert chunked_step([(100, 300), (0, 200)], [], d) == StepPlan(0, 0, (), ((0, 200), (1, 56)))
+    assert chunked_step([(100, 300), (0, 200)], [], d) == StepPlan(0, (), (), ((0, 200), (1, 56)))
     # max_running caps admission
-    assert chunked_step([(5, 1)], [10], d, max_running=1) == StepPlan(0, 0, (0,), ())
+    assert chunked_step([(5, 1)], [(10, 0)], d, max_running=1) == StepPlan(0, (), (0,), ())
 
 
 def test_step_preempts_the_newest():
     d = tiny(1000)
-    assert chunked_step([(600, 500), (390, 300)], [], d) == StepPlan(0, 0, (0, 1), ())   # 992 <= 1000
+    assert chunked_step([(600, 500), (390, 300)], [], d) == StepPlan(0, (), (0, 1), ())   # 992 <= 1000
     # 600 + 399 + 2 = 1001 > 1000: the newest (index 1) goes, not the oldest
-    assert chunked_step([(600, 500), (399, 300)], [], d) == StepPlan(0, 1, (0,), ())
+    assert chunked_step([(600, 500), (399, 300)], [], d) == StepPlan(0, (1,), (0,), ())
     # preemption may need several victims, newest first: the newest (no cache yet, a 50-token
     # chunk) goes first, 999 + 2 > 1000 still, so the decoding one at 399 goes too
-    assert chunked_step([(600, 500), (399, 300), (0, 50)], [], d) == StepPlan(0, 2, (0,), ())
+    assert chunked_step([(600, 500), (399, 300), (0, 50)], [], d) == StepPlan(0, (1, 2), (0,), ())
 
 
 def test_step_cannot_fit():
     d = tiny(1000)
     with pytest.raises(RequestTooLargeError, match="queue head"):
-        chunked_step([], [991], d)
+        chunked_step([], [(981, 10)], d)
     with pytest.raises(RequestTooLargeError, match="outgrow"):
         chunked_step([(1000, 900)], [], d)
     with pytest.raises(ValueError, match="nothing to schedule"):
@@ -451,9 +451,32 @@ def test_run_with_step_uses_the_given_step():
     assert_identical(run_with_step(reqs, step=spy), run_trace(reqs, "chunked"))
     assert calls and MAX_RUNNING == 256
     with pytest.raises(ValueError, match="empty iteration"):
-        run_with_step(reqs, step=lambda running, queue, device, **kw: StepPlan(len(queue), 0, (), ()))
+        run_with_step(reqs, step=lambda running, queue, device, **kw: StepPlan(len(queue), (), (), ()))
     with pytest.raises(ValueError, match="chunk"):
-        run_with_step(reqs, step=lambda running, queue, device, **kw: StepPlan(1, 0, (), ((0, 10**6),)))
+        run_with_step(reqs, step=lambda running, queue, device, **kw: StepPlan(1, (), (), ((0, 10**6),)))
+    with pytest.raises(ValueError, match="preempted"):
+        run_with_step(reqs, step=lambda running, queue, device, **kw: StepPlan(1, (0,), (), ()))
+
+
+def test_run_with_step_requeues_any_victims_in_admission_order():
+    """A step that evicts the *oldest* request (a fault of the lab) still drives a valid run:
+    the victim returns to the queue head and its later tokens come after a re-prefill."""
+    reqs = [Request(0.0, 60, 5), Request(0.0, 60, 5)]
+
+    def evict_oldest(running, queue, device, **kw):
+        plan = chunked_step(running, queue, device, **kw)
+        p, n = len(plan.preempted), len(running) + plan.admitted
+        if not p:
+            return plan
+        # evict the first p instead of the last p; the survivors shift up by p
+        return StepPlan(plan.admitted, tuple(range(p)),
+                        tuple(i + p for i in plan.decodes if i + p < n),
+                        tuple((i + p, k) for i, k in plan.chunks if i + p < n))
+
+    newest = run_with_step(reqs, tiny(125), step=chunked_step, budget=None)
+    oldest = run_with_step(reqs, tiny(125), step=evict_oldest, budget=None)
+    assert [r.preemptions for r in newest] == [0, 1]
+    assert [r.preemptions for r in oldest][0] >= 1
 
 
 # -- capacity ---------------------------------------------------------------------------------

@@ -506,7 +506,7 @@ def run_with_step(requests: Sequence[Request], device=None,
         if not running and not queue:
             tl.clock = seqs[nxt].arrival
             continue
-        plan = step([(s.filled, s.target) for s in running], [s.prompt + s.generated for s in queue], device,
+        plan = step([(s.filled, s.target) for s in running], [(s.prompt, s.generated) for s in queue], device,
                     budget=budget, max_running=max_running)
         if not isinstance(plan, StepPlan) or not 0 <= plan.admitted <= len(queue):
             raise ValueError(f"step returned {plan!r}: expected a StepPlan admitting 0..{len(queue)} requests")
@@ -514,16 +514,19 @@ def run_with_step(requests: Sequence[Request], device=None,
             s = queue.popleft()
             s.target, s.filled = s.prompt + s.generated, 0
             running.append(s)
-        if not 0 <= plan.preempted < len(running):
-            raise ValueError(f"step preempted {plan.preempted} of {len(running)} running requests")
-        for _ in range(plan.preempted):
-            victim = running.pop()
+        victims = plan.preempted
+        if not isinstance(victims, tuple) or len(set(victims)) != len(victims) or len(victims) >= len(running) \
+                or any(type(i) is not int or not 0 <= i < len(running) for i in victims):
+            raise ValueError(f"step preempted {victims!r}: expected a tuple of distinct indices into the "
+                             f"{len(running)} running requests, leaving at least one")
+        _check_plan(plan, running, set(victims))
+        decodes = [running[i] for i in plan.decodes]
+        chunks = [(running[i], k) for i, k in plan.chunks]
+        for i in sorted(victims, reverse=True):  # back to the queue head in admission order
+            victim = running.pop(i)
             victim.filled = 0
             victim.preemptions += 1
             queue.appendleft(victim)
-        _check_plan(plan, running)
-        decodes = [running[i] for i in plan.decodes]
-        chunks = [(running[i], k) for i, k in plan.chunks]
         tl.step(_iteration_seconds(decodes, chunks, device))
         for s in decodes:
             s.filled += 1
@@ -545,9 +548,10 @@ def run_with_step(requests: Sequence[Request], device=None,
     return records
 
 
-def _check_plan(plan: StepPlan, running: list[_Seq]) -> None:
-    """Refuse a plan that names a request twice, out of range, or a chunk that is not 1..remaining."""
-    seen = set()
+def _check_plan(plan: StepPlan, running: list[_Seq], evicted: set[int]) -> None:
+    """Refuse a plan that names a request twice, out of range or evicted, or a chunk that is
+    not 1..remaining."""
+    seen = set(evicted)
     for i in plan.decodes:
         if not (isinstance(i, int) and 0 <= i < len(running)) or i in seen or running[i].filled < running[i].target:
             raise ValueError(f"step planned a decode for running index {i!r}, which is not a decoding request "
@@ -560,7 +564,7 @@ def _check_plan(plan: StepPlan, running: list[_Seq]) -> None:
             raise ValueError(f"step planned chunk {entry!r}: index must name a prefilling request among the "
                              f"{len(running)} left running and k must be 1..its remaining prefill")
         seen.add(i)
-    if not seen:
+    if not plan.decodes and not plan.chunks:
         raise ValueError("step planned an empty iteration (no decode, no chunk)")
 
 

@@ -10,7 +10,8 @@ the same decisions from running totals instead of lists; tests check the two agr
 Semantics (COURSE_SPEC "Lab 3" and the Lab 3 issue's "Exact semantics"):
 - used = sum of running contexts (cached positions); admit from the queue head while fewer
   than ``max_running`` run and (used + cost) * kv <= 0.99 * memory, cost = the request's
-  required prefill (prompt + tokens it generated before a preemption); used += cost;
+  required prefill, prompt + generated (a preempted request re-prefills the tokens it had
+  already generated); used += cost; the admitted request's prefill target is that cost;
 - nothing running after admission: the queue head cannot fit -> ``RequestTooLargeError``;
 - walk running requests in admission order: one with prefill remaining (filled < target)
   gets a chunk of min(remaining, budget left) (a chunk of 0 is skipped: it waits); any other
@@ -53,17 +54,20 @@ class StepPlan:
 
     Attributes:
         admitted: how many requests leave the queue head (in order) and join the running
-            list, appended after the ones already running, with filled = 0.
-        preempted: how many of the most recently admitted requests (the tail of the running
-            list after admission) are evicted; they lose their cache and go back to the
-            queue head in their admission order.
+            list, appended after the ones already running, with filled = 0 and target =
+            prompt + generated.
+        preempted: indices, into the running list after admission, of the evicted requests
+            (ascending); they lose their cache and go back to the queue head in their
+            admission order. The policy evicts the most recently admitted first, so these
+            are the last indices of the list.
         decodes: indices, into the running list after admission, of the requests that
-            decode one token (admission order).
+            decode one token (ascending: admission order).
         chunks: (index, k) for each prefill chunk of k >= 1 new positions (admission order).
+        All indices number the list after admission, before eviction (no renumbering).
     """
 
     admitted: int
-    preempted: int
+    preempted: tuple[int, ...]
     decodes: tuple[int, ...]
     chunks: tuple[tuple[int, int], ...]
 
@@ -90,8 +94,9 @@ def chunked_step(running: Sequence[tuple[int, int]], queue: Sequence[int], devic
             positions (its context), target = the prefill length fixed when it was admitted
             (prompt + tokens generated before). filled < target: prefill remaining;
             otherwise it is decoding.
-        queue: required prefill (prompt + tokens generated so far) of each waiting request,
-            head first.
+        queue: (prompt, generated) of each waiting request, head first: its prompt length
+            and the tokens it generated before a preemption (0 for a new request). Its
+            required prefill is prompt + generated.
         device: a ``Device`` (memory and kv are used).
         budget: new prefill positions per iteration (``CHUNK_BUDGET`` = 256); None means
             unlimited (the paged policy).
@@ -117,7 +122,12 @@ def chunked_step(running: Sequence[tuple[int, int]], queue: Sequence[int], devic
         if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 2:
             raise TypeError(f"running[{i}] must be a (filled, target) pair, got {entry!r}")
         seqs.append((_tokens(f"running[{i}] filled", entry[0], 0), _tokens(f"running[{i}] target", entry[1], 1)))
-    queue = [_tokens(f"queue[{i}]", q, 1) for i, q in enumerate(queue)]
+    required = []
+    for i, entry in enumerate(queue):
+        if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 2:
+            raise TypeError(f"queue[{i}] must be a (prompt, generated) pair, got {entry!r}")
+        required.append(_tokens(f"queue[{i}] prompt", entry[0], 1) + _tokens(f"queue[{i}] generated", entry[1], 0))
+    queue = required
     if not seqs and not queue:
         raise ValueError("nothing to schedule: running and queue are both empty")
 
@@ -160,4 +170,5 @@ def chunked_step(running: Sequence[tuple[int, int]], queue: Sequence[int], devic
         if sum(filled for filled, _ in live) + growth > capacity:
             preempted += 1
             continue
-        return StepPlan(admitted, preempted, tuple(decodes), tuple(chunks))
+        evicted = tuple(range(len(seqs) - preempted, len(seqs)))
+        return StepPlan(admitted, evicted, tuple(decodes), tuple(chunks))
