@@ -1,0 +1,453 @@
+"""Graded checks for Lab 3 (scheduling).
+
+Each ``check_*`` takes the learner's *function*, builds its own inputs from a seed (fixed for
+the visible checks, ``fresh_seed()`` for hidden tests), and compares the result with
+``course_lib.scheduling`` (the reference cost model, scheduling step, metrics and capacity
+search, themselves tested against the spec's figures and hand-derived traces):
+
+- times and metrics: real numbers within a relative 1e-9 of the reference (float rounding
+  only: the formulas are exact);
+- scheduling decisions: exactly the reference's plan (which requests are admitted, which
+  are evicted, which decode, and each chunk's size);
+- the capacity search: exactly the reference's sequence of probed rates and its result.
+
+When a contract fails, the checker evaluates the known faults of Lab 3 on the same inputs
+(memory and compute time summed instead of the max; a chunk charged only its own tokens in
+attention, without k*c; the oldest request evicted instead of the newest; a preempted
+request re-prefilling only its prompt; TPOT divided by n_out; p99 ITL as the mean of
+per-request p99s; ...) and names those the learner's result equals.
+
+Learner signatures:
+    iteration_time(decodes, chunks, device) -> float seconds
+    schedule_step(running, queue, device, budget=256, max_running=256) -> StepPlan
+    serving_metrics(records, targets=(3.0, 0.1)) -> dict (ttft50, ttft99, itl50, itl99, tpot50, goodput)
+    find_capacity(run, targets=(3.0, 0.1), lo=0.01, hi=4.0, steps=10) -> float
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+
+from .. import scheduling as ref
+from ..scheduling import Device, Request, RequestRecord, StepPlan
+from ..scheduling.cost import _max_tokens
+from .contracts import ContractError, check_own_function, check_real
+
+__all__ = ["check_iteration_time", "check_schedule_step", "check_serving_metrics", "check_find_capacity",
+           "tiny_device", "METRIC_NAMES", "RELATIVE"]
+
+#: Relative tolerance of the time and metric contracts (float rounding of exact formulas).
+RELATIVE = 1e-9
+#: Keys ``serving_metrics`` must return.
+METRIC_NAMES = ("ttft50", "ttft99", "itl50", "itl99", "tpot50", "goodput")
+
+
+def tiny_device(memory: float, **overrides) -> Device:
+    """A device with 1 byte of KV per token, so memory is counted in positions, and small model
+    constants, so iteration times are easy numbers: weights 1000 B at 1000 B/s, 1e4 FLOP/s."""
+    fields = dict(memory=float(memory), bandwidth=1000.0, compute=1e4, kv=1, n_matmul=1, n_layers=1, d_model=1,
+                  weights=1000.0)
+    fields.update(overrides)
+    return Device(**fields)
+
+
+def _close(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return abs(a - b) <= RELATIVE * max(abs(a), abs(b)) + 1e-300
+
+
+def _named(err: str, matches: list[str]) -> ContractError:
+    if not matches:
+        return ContractError(err)
+    if len(matches) == 1:
+        return ContractError(f"{err}\nDiagnosis: your result equals the reference with this fault: {matches[0]}")
+    listed = "".join(f"\n  - {m}" for m in matches)
+    return ContractError(f"{err}\nDiagnosis: your result equals the reference with any of these faults "
+                         f"(on these inputs they coincide):{listed}")
+
+
+def _attempts(limit: int = 100_000):
+    yield from range(limit)
+    raise RuntimeError(f"Lab 3 grader: no suitable random case in {limit} draws (a grader bug; please report)")
+
+
+# -- exercise 1: iteration time ----------------------------------------------------------------
+def _time_variants(decodes, chunks, d: Device) -> dict[str, float]:
+    """The cost model with each known fault, on the same inputs."""
+    ctx_dec = sum(decodes)
+    ctx_chunk = sum(c for _, c in chunks)
+    positions = len(decodes) + sum(k for k, _ in chunks)
+    tri = sum(k * (k + 1) // 2 for k, _ in chunks)
+    kc = sum(k * c for k, c in chunks)
+
+    def t(positions=positions, attention=ctx_dec + kc + tri, context=ctx_dec + ctx_chunk, combine=max):
+        memory = (d.weights + d.kv * context) / d.bandwidth
+        compute = (2 * d.n_matmul * positions + 4 * d.n_layers * d.d_model * attention) / d.compute
+        return combine(memory, compute)
+
+    return {
+        "memory time and compute time added instead of taking the max (the weight read is shared and "
+        "overlaps the arithmetic)": t(combine=lambda a, b: a + b),
+        "a chunk's attention charged only its own tokens, k(k+1)/2, without the k*c term for the c cached "
+        "positions each new token attends to": t(attention=ctx_dec + tri),
+        "a chunk's attention charged k*c without the k(k+1)/2 among its own new tokens": t(attention=ctx_dec + kc),
+        "a chunk's cached positions left out of the bytes read": t(context=ctx_dec),
+        "decode contexts left out of the bytes read": t(context=ctx_chunk),
+        "decode contexts left out of the attention work": t(attention=kc + tri),
+        "only the decodes counted as positions (chunk tokens missing from 2*N_matmul*positions)":
+            t(positions=len(decodes)),
+        "only the memory time": t(combine=lambda a, b: a),
+        "only the compute time": t(combine=lambda a, b: b),
+    }
+
+
+def check_iteration_time(fn: Callable, seed: int = 0, cases: int = 6) -> None:
+    """Contract: fn(decodes, chunks, device) equals the spec's cost model (COURSE_SPEC "Lab 3")
+    within a relative 1e-9: max((weights + kv*(sum c_dec + sum c_chunk)) / bandwidth,
+    (2*N_matmul*positions + 4*L*d*attention) / compute) with attention = sum c_dec +
+    sum(k*c + k(k+1)/2). Case 0 is the spec's 17 decodes at 5,000 plus a 512-token chunk after
+    2,000 cached positions (123.36 ms); the rest are drawn from the seed."""
+    check_own_function("iteration_time", fn)
+    rng = random.Random(seed)
+    for case in range(cases):
+        if case == 0:
+            device, decodes, chunks = Device(), [5000] * 17, [(512, 2000)]
+        else:
+            device = rng.choice(list(ref.PROFILES.values())).device if case % 2 else tiny_device(
+                rng.randint(100, 10_000), bandwidth=float(rng.randint(100, 5000)), compute=float(rng.randint(1000, 10**5)),
+                n_matmul=rng.randint(1, 50), n_layers=rng.randint(1, 4), d_model=rng.randint(1, 8))
+            big = device.n_matmul > 10**6
+            decodes = [rng.randint(0, 8000 if big else 300) for _ in range(rng.randint(0, 40 if big else 6))]
+            chunks = [(rng.randint(1, 512 if big else 40), rng.randint(0, 6000 if big else 200))
+                      for _ in range(rng.randint(0 if decodes else 1, 3))]
+        what = f"iteration_time(case {case}: {len(decodes)} decodes, chunks {chunks})"
+        got = check_real(what, fn(list(decodes), [tuple(c) for c in chunks], device))
+        expected = ref.iteration_time(decodes, chunks, device)
+        if _close(got, expected):
+            continue
+        err = f"{what}: expected {expected:.10g} s, got {got:.10g} s (relative error must be <= {RELATIVE:g})"
+        raise _named(err, [name for name, value in _time_variants(decodes, chunks, device).items()
+                           if _close(got, value)])
+
+
+# -- exercise 2: the chunked policy's scheduling step ------------------------------------------
+def _variant_step(running, queue, device: Device, budget, max_running, *, evict_newest: bool = True,
+                  count_generated: bool = True, admit_fraction: float = ref.ADMIT_FRACTION,
+                  share_budget: bool = True) -> StepPlan | None:
+    """The scheduling step with one fault switched on (None when this variant raises)."""
+    seqs = list(running)
+    used = sum(f for f, _ in seqs)
+    limit = _max_tokens(admit_fraction * device.memory, device.kv)
+    admitted = 0
+    while admitted < len(queue) and len(seqs) < max_running:
+        prompt, generated = queue[admitted]
+        cost = prompt + (generated if count_generated else 0)
+        if used + cost > limit:
+            break
+        used += cost
+        seqs.append((0, cost))
+        admitted += 1
+    if not seqs:
+        return None
+    capacity = device.kv_tokens
+    evicted: list[int] = []
+    while True:
+        live = [i for i in range(len(seqs)) if i not in evicted]
+        if not live:
+            return None
+        left = budget
+        decodes, chunks = [], []
+        for i in live:
+            filled, target = seqs[i]
+            if filled < target:
+                k = target - filled if left is None else min(target - filled, left)
+                if k > 0:
+                    chunks.append((i, k))
+                    if left is not None and share_budget:
+                        left -= k
+            else:
+                decodes.append(i)
+        if sum(seqs[i][0] for i in live) + len(decodes) + sum(k for _, k in chunks) > capacity:
+            evicted.append(live[-1] if evict_newest else live[0])
+            continue
+        return StepPlan(admitted, tuple(sorted(evicted)), tuple(decodes), tuple(chunks))
+
+
+_STEP_FAULTS = {
+    "the oldest running request evicted instead of the most recently admitted one": dict(evict_newest=False),
+    "a preempted request re-prefills only its prompt, forgetting the tokens it had already generated "
+    "(cost and prefill target must be prompt + generated)": dict(count_generated=False),
+    "admission checked against all of memory instead of 0.99 of it": dict(admit_fraction=1.0),
+    "every chunk gets up to the full budget (the 256 new prefill positions are per iteration, shared "
+    "in admission order)": dict(share_budget=False),
+}
+
+
+def _normalise_plan(what: str, plan) -> StepPlan:
+    """A learner's plan as a canonical StepPlan (index lists sorted), after exact type checks."""
+    if type(plan) is StepPlan:
+        fields = (plan.admitted, plan.preempted, plan.decodes, plan.chunks)
+    elif type(plan) in (tuple, list) and len(plan) == 4:
+        fields = tuple(plan)
+    else:
+        raise ContractError(f"{what} must return a StepPlan(admitted, preempted, decodes, chunks), "
+                            f"got {type(plan).__qualname__}")
+    admitted, preempted, decodes, chunks = fields
+    if type(admitted) is not int:
+        raise ContractError(f"{what}: admitted must be an int, got {type(admitted).__qualname__}")
+
+    def indices(name, value):
+        if type(value) not in (tuple, list) or any(type(i) is not int for i in value):
+            raise ContractError(f"{what}: {name} must be a list or tuple of int indices, got {value!r}")
+        return tuple(sorted(value))
+
+    if type(chunks) not in (tuple, list) or any(type(c) not in (tuple, list) or len(c) != 2
+                                                or any(type(x) is not int for x in c) for c in chunks):
+        raise ContractError(f"{what}: chunks must be a list of (index, k) int pairs, got {chunks!r}")
+    return StepPlan(admitted, indices("preempted", preempted), indices("decodes", decodes),
+                    tuple(sorted(tuple(c) for c in chunks)))
+
+
+def _canonical(plan: StepPlan) -> StepPlan:
+    return StepPlan(plan.admitted, tuple(sorted(plan.preempted)), tuple(sorted(plan.decodes)),
+                    tuple(sorted(plan.chunks)))
+
+
+def _draw_step_case(rng: random.Random, kind: str):
+    """A feasible scheduling situation on a tiny device; ``kind`` forces what it exercises."""
+    for _ in _attempts():
+        memory = rng.randint(150, 1500)
+        device = tiny_device(memory)
+        running = []
+        for _ in range(rng.randint(0, 6)):
+            target = rng.randint(1, memory // 4)
+            filled = rng.randint(0, target - 1) if rng.random() < 0.4 else target + rng.randint(0, memory // 8)
+            running.append((filled, target))
+        queue = [(rng.randint(1, memory // 3), rng.choice([0, 0, rng.randint(1, memory // 10)]))
+                 for _ in range(rng.randint(0, 4))]
+        budget = rng.choice([None, 8, 32, 256])
+        max_running = rng.choice([256, 256, rng.randint(1, 8)])
+        if not running and not queue:
+            continue
+        try:
+            plan = ref.chunked_step(running, queue, device, budget=budget, max_running=max_running)
+        except ValueError:  # RequestTooLargeError: not a situation the exercise asks about
+            continue
+        args = (running, queue, device, budget, max_running)
+        if kind == "preempt" and not (plan.preempted and any(f > 0 for f, _ in running[:-1])):
+            continue
+        if kind == "generated" and not any(g for _, g in queue[:plan.admitted + 1]):
+            continue
+        if kind in ("preempt", "generated"):
+            fault = "evict_newest" if kind == "preempt" else "count_generated"
+            if _variant_step(*args, **{fault: False}) in (None, _canonical(plan)):
+                continue
+        return args, plan
+
+
+def check_schedule_step(fn: Callable, seed: int = 0, cases: int = 8, trace: bool = True) -> None:
+    """Contract: fn(running, queue, device, budget, max_running) returns the same plan as the
+    reference chunked step (``course_lib.scheduling.chunked_step``): FIFO admission while fewer
+    than max_running run and used + prompt + generated <= 0.99 * memory (in positions at kv bytes
+    each); chunks of min(remaining, budget left) in admission order, a chunk of 0 skipped; and,
+    while contexts + this iteration's growth exceed memory, eviction of the most recently
+    admitted request. Case 0 forces a preemption, case 1 a re-prefill of generated tokens.
+    With ``trace`` the function also drives a small simulation (``run_with_step``) that must
+    give the reference's token timestamps."""
+    check_own_function("schedule_step", fn)
+    rng = random.Random(seed)
+    for case in range(cases):
+        (running, queue, device, budget, max_running), plan = _draw_step_case(
+            rng, ["preempt", "generated"][case] if case < 2 else "any")
+        what = (f"schedule_step(case {case}: running {running}, queue {queue}, memory {device.memory:g} "
+                f"positions, budget {budget}, max_running {max_running})")
+        got = _normalise_plan(what, fn([tuple(r) for r in running], [tuple(q) for q in queue], device,
+                                       budget=budget, max_running=max_running))
+        expected = _canonical(plan)
+        if got == expected:
+            continue
+        err = f"{what}:\n  expected {expected}\n  got      {got}"
+        args = (running, queue, device, budget, max_running)
+        raise _named(err, [name for name, flags in _STEP_FAULTS.items()
+                           if _variant_step(*args, **flags) == got])
+    if trace:
+        _check_step_in_a_run(fn, rng)
+
+
+def _check_step_in_a_run(fn: Callable, rng: random.Random) -> None:
+    """Drive ``run_with_step`` with fn on a small trace that preempts, against the fast simulator."""
+    for _ in _attempts():
+        memory = rng.randint(300, 700)
+        requests, t = [], 0.0
+        for _ in range(rng.randint(3, 6)):
+            t += rng.choice([0.0, 0.5, 1.0, 3.0])
+            requests.append(Request(t, rng.randint(20, memory // 3), rng.randint(2, 60)))
+        device = tiny_device(memory)
+        try:
+            expected = ref.run_trace(requests, "chunked", device)
+        except ValueError:
+            continue
+        if sum(r.preemptions for r in expected) and any(r.preemptions for r in expected[:-1]):
+            break
+
+    def step(running, queue, device, *, budget, max_running):
+        return _normalise_plan("schedule_step (inside a simulation)", fn(running, queue, device, budget=budget,
+                                                                         max_running=max_running))
+
+    what = f"a simulation driven by schedule_step ({len(requests)} requests, memory {memory} positions, chunk budget 32)"
+    try:
+        got = ref.run_with_step(requests, device, step=step, budget=32)
+        expected = ref.run_with_step(requests, device, step=ref.chunked_step, budget=32)
+    except ContractError:
+        raise
+    except ValueError as exc:
+        raise ContractError(f"{what}: the simulator refused a plan: {exc}") from None
+    for i, (g, e) in enumerate(zip(got, expected)):
+        if g.preemptions != e.preemptions or not np.array_equal(g.token_times, e.token_times):
+            raise ContractError(f"{what}: request {i} got {g.preemptions} preemption(s) and token times "
+                                f"{np.round(g.token_times[:4], 4).tolist()}..., expected {e.preemptions} and "
+                                f"{np.round(e.token_times[:4], 4).tolist()}...")
+
+
+# -- exercise 3: serving metrics ---------------------------------------------------------------
+def _draw_records(rng: random.Random, n: int) -> list[RequestRecord]:
+    records, arrival = [], 0.0
+    for i in range(n):
+        arrival += rng.expovariate(2.0)
+        output = 1 if i in (1, n - 2) else rng.randint(2, 12)
+        first = arrival + rng.uniform(0.05, 5.0)
+        gaps = [rng.choice([rng.uniform(0.01, 0.09), 0.1, rng.uniform(0.02, 0.4)]) for _ in range(output - 1)]
+        times = np.array([first] + [first + s for s in np.cumsum(gaps)], dtype=np.float64)
+        times.flags.writeable = False
+        records.append(RequestRecord(arrival, rng.randint(10, 100), output, times, rng.choice([0, 0, 1])))
+    return records
+
+
+def _metric_variants(records, targets) -> dict[str, dict[str, float]]:
+    m = ref.metrics(records, targets)
+    final = max(float(r.token_times[-1]) for r in records)
+    multi = [r for r in records if r.output > 1]
+    per_request_p99 = float(np.mean([np.quantile(np.diff(r.token_times), 0.99) for r in multi]))
+    tpot_n = float(np.median([(r.e2e - r.ttft) / r.output for r in multi]))
+    tpot_all = float(np.median([(r.e2e - r.ttft) / max(1, r.output - 1) for r in records]))
+    gaps = np.concatenate([np.diff(r.token_times) for r in multi])
+    ttft = np.array([r.ttft for r in records])
+    good_strict = sum(1 for r in records if r.ttft < targets[0] and (r.output == 1 or np.diff(r.token_times).max()
+                                                                      < targets[1])) / final
+    return {
+        "p99 ITL computed as the mean of per-request p99s (ITL percentiles pool every gap of every request)":
+            {"itl99": per_request_p99},
+        "TPOT divided by n_out instead of n_out - 1 (n_out tokens have n_out - 1 gaps)": {"tpot50": tpot_n},
+        "one-token answers included in TPOT (it is undefined for them)": {"tpot50": tpot_all},
+        "goodput as a count of requests instead of requests per second of the final clock":
+            {"goodput": m["goodput"] * final},
+        "goodput with strict < instead of <= at the targets": {"goodput": good_strict},
+        "percentiles by the 'nearest' method instead of numpy's default linear interpolation":
+            {"ttft99": float(np.quantile(ttft, 0.99, method="nearest")),
+             "itl99": float(np.quantile(gaps, 0.99, method="nearest"))},
+    }
+
+
+def check_serving_metrics(fn: Callable, seed: int = 0, cases: int = 3) -> None:
+    """Contract: fn(records, targets) returns a dict whose values for ``METRIC_NAMES`` equal
+    ``course_lib.scheduling.metrics`` within a relative 1e-9: TTFT p50/p99 over requests, ITL
+    p50/p99 over every gap of every request pooled (numpy's default linear quantiles), TPOT
+    median of (E2E - TTFT)/(n_out - 1) over requests with n_out > 1, goodput = requests with
+    TTFT <= target and every gap <= target per second of the final clock (last token time).
+    Records include one-token answers and gaps exactly at the 0.1 s target."""
+    check_own_function("serving_metrics", fn)
+    rng = random.Random(seed)
+    for case in range(cases):
+        records = _draw_records(rng, rng.randint(8, 40))
+        targets = rng.choice([(3.0, 0.1), (2.0, 0.1), (4.0, 0.2)])
+        what = f"serving_metrics(case {case}: {len(records)} records, targets {targets})"
+        got = fn(list(records), targets)
+        if type(got) is not dict:
+            raise ContractError(f"{what} must return a dict, got {type(got).__qualname__}")
+        expected = ref.metrics(records, targets)
+        missing = [key for key in METRIC_NAMES if key not in got]
+        if missing:
+            raise ContractError(f"{what}: the dict lacks {', '.join(map(repr, missing))} "
+                                f"(needs {', '.join(METRIC_NAMES)})")
+        for key in METRIC_NAMES:
+            value = check_real(f"{what}[{key!r}]", got[key])
+            if _close(value, expected[key]):
+                continue
+            err = f"{what}: {key} expected {expected[key]:.10g}, got {value:.10g}"
+            raise _named(err, [name for name, values in _metric_variants(records, targets).items()
+                               if key in values and _close(value, values[key])])
+
+
+# -- exercise 4: the capacity search -----------------------------------------------------------
+def _bisect(run, targets, lo, hi, steps, *, keep_upper=False, strict=False, ttft_only=False, steps_delta=0):
+    for _ in range(steps + steps_delta):
+        mid = (lo + hi) / 2
+        result = run(mid)
+        ok_t = result["ttft99"] < targets[0] if strict else result["ttft99"] <= targets[0]
+        ok_i = result["itl99"] < targets[1] if strict else result["itl99"] <= targets[1]
+        if ok_t and (ttft_only or ok_i):
+            lo = mid
+        else:
+            hi = mid
+    return hi if keep_upper else lo
+
+
+_CAPACITY_FAULTS = {
+    "the upper bound returned (it failed the targets or was never tested; the answer is the last rate "
+    "that passed)": dict(keep_upper=True),
+    "strict < at the targets instead of <=": dict(strict=True),
+    "only the TTFT target checked (both p99 targets must pass)": dict(ttft_only=True),
+    "one bisection step too few": dict(steps_delta=-1),
+    "one bisection step too many": dict(steps_delta=1),
+}
+
+
+def _synthetic_load(rng: random.Random):
+    """A fake ``run(rate)``: p99 TTFT and ITL rise with the rate past two thresholds, with a few
+    non-monotone 'lucky' rates (finite samples) and values exactly at the targets."""
+    t_cap, i_cap = rng.uniform(0.05, 3.5), rng.uniform(0.05, 3.5)
+    lucky = {round(rng.uniform(0.01, 4.0), 1) for _ in range(3)}
+
+    def run(rate: float) -> dict:
+        over_t = rate > t_cap and round(rate, 1) not in lucky
+        over_i = rate > i_cap
+        return {"ttft99": 3.0 + (rate - t_cap) if over_t else (3.0 if rate > 0.9 * t_cap else 1.0),
+                "itl99": 0.1 + (rate - i_cap) if over_i else 0.05}
+    return run
+
+
+def check_find_capacity(fn: Callable, seed: int = 0, cases: int = 4) -> None:
+    """Contract: fn(run, targets, lo, hi, steps) bisects exactly like the spec's search: ``steps``
+    midpoints (lo + hi) / 2, each run once; lo = mid when p99 TTFT <= targets[0] and p99 ITL <=
+    targets[1], else hi = mid; returns lo. ``run`` is a synthetic load here; the probed rates and
+    the result must equal the reference's exactly."""
+    check_own_function("find_capacity", fn)
+    rng = random.Random(seed)
+    for case in range(cases):
+        run = _synthetic_load(rng)
+        targets = (3.0, 0.1)
+        lo, hi, steps = (0.01, 4.0, 10) if case == 0 else (rng.uniform(0.0, 0.5), rng.uniform(2.0, 6.0),
+                                                          rng.randint(4, 12))
+        probed: list[float] = []
+
+        def spy(rate):
+            probed.append(float(rate))
+            return dict(run(rate))
+
+        what = f"find_capacity(case {case}: lo {lo:.6g}, hi {hi:.6g}, {steps} steps)"
+        got = check_real(what, fn(spy, targets, lo, hi, steps))
+        want_probes: list[float] = []
+        expected = _bisect(lambda r: (want_probes.append(r), run(r))[1], targets, lo, hi, steps)
+        if got == expected and probed == want_probes:
+            continue
+        err = (f"{what}: expected {expected!r} after probing {len(want_probes)} rates, got {got!r} after "
+               f"{len(probed)}; first probes expected {[round(p, 6) for p in want_probes[:3]]}, "
+               f"got {[round(p, 6) for p in probed[:3]]}")
+        raise _named(err, [name for name, flags in _CAPACITY_FAULTS.items()
+                           if _bisect(run, targets, lo, hi, steps, **flags) == got])
+
