@@ -51,6 +51,32 @@ FAULTS: dict[str, dict[str, list[tuple[str, str, str]]]] = {
             "return max(bytes_moved / bandwidth, flops / peak)",
             "return bytes_moved / bandwidth + flops / peak")],
     },
+    "03_scheduling": {
+        "fault_cost_sum_not_max": [(
+            "iteration_time",
+            "return max(memory_s, compute_s)",
+            "return memory_s + compute_s")],
+        "fault_chunk_attention_without_kc": [(
+            "iteration_time",
+            "sum(k * c + k * (k + 1) // 2 for k, c in chunks)",
+            "sum(k * (k + 1) // 2 for k, c in chunks)")],
+        "fault_preempt_oldest": [(
+            "schedule_step",
+            "evicted.append(live[-1])",
+            "evicted.append(live[0])")],
+        "fault_reprefill_forgets_generated": [(
+            "schedule_step",
+            "cost = prompt + generated",
+            "cost = prompt")],
+        "fault_tpot_divides_by_n_out": [(
+            "serving_metrics",
+            "/ (r.output - 1) for r in records if r.output > 1]",
+            "/ r.output for r in records if r.output > 1]")],
+        "fault_p99_mean_of_per_request_p99": [(
+            "serving_metrics",
+            '"itl99": float(np.quantile(itl, 0.99))',
+            '"itl99": float(np.mean([np.quantile(g, 0.99) for g in gaps if len(g)]))')],
+    },
     "02_kv_cache": {
         "fault_rope_off_by_one": [(
             "generate_with_cache",
