@@ -22,7 +22,8 @@ SUBMISSIONS is laid out like nbgrader's ``submitted`` folder:
     shards/NNNN/               one small course per (learner, lab): autograde and
                                generate_feedback run there, one process each
     logs/                      nbgrader output per step
-    grades.csv                 learner, lab, score, max_score, error  (this driver's table)
+    grades.csv                 learner, lab, score, max_score, error, seed  (this driver's table;
+                               seed: the COURSE_GRADING_SEED of that submission's hidden tests)
     grades_per_test.csv        with --per-test: learner, lab, cell, score, max_score
 
 Why shards: nbgrader's gradebook is one sqlite file. Parallel ``nbgrader autograde
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import hashlib
 import json
 import math
 import os
@@ -92,6 +94,7 @@ class Submission:
     graded: bool = False  # nbgrader autograde finished and the scores are real
     shard: Path | None = None  # the course copy it was graded in
     timestamp: object = None  # submission time nbgrader read from timestamp.txt, if any
+    seed: int | None = None  # COURSE_GRADING_SEED its hidden tests ran with
 
 
 # --------------------------------------------------------------------------------------
@@ -114,6 +117,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="print and write the score of every graded cell")
     parser.add_argument("--cell-timeout", type=int, default=None,
                         help="seconds per cell (default: Execute.timeout in nbgrader_config.py)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="run seed for the hidden tests (default: a fresh random one, printed); each "
+                             "submission gets COURSE_GRADING_SEED derived from it, its learner id and lab")
     parser.add_argument("--submission-timeout", type=int, default=3600,
                         help="seconds for one submission's autograde before it is killed (default 3600)")
     args = parser.parse_args(argv)
@@ -122,7 +128,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.root = args.root.resolve()
     args.submissions = args.submissions.resolve()
     args.work = (args.work or args.root / "build" / "grading").resolve()
+    if args.seed is None:
+        args.seed = int.from_bytes(os.urandom(4), "little")
     return args
+
+
+def submission_seed(run_seed: int, learner: str, lab: str) -> int:
+    """The hidden-test seed of one submission: 32 bits of sha256(run seed, learner, lab).
+
+    Every submission of a run gets its own inputs, and ``--seed RUN_SEED`` replays exactly the
+    inputs a learner was graded on (the seed is in grades.csv)."""
+    digest = hashlib.sha256(f"{run_seed}\0{learner}\0{lab}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
 
 
 # --------------------------------------------------------------------------------------
@@ -385,6 +402,7 @@ def grade_shard(course: Path, row: Submission, course_id: str, env: dict[str, st
                     symlinks=True)
     log = shard / "nbgrader.log"
     try:
+        env = {**env, "COURSE_GRADING_SEED": str(row.seed)} if row.seed is not None else env
         code, why = run_nbgrader(["autograde", row.lab, "--student", row.learner], shard, log, env, timeout)
         if code != 0:
             row.error = f"autograde failed: {why}"
@@ -472,10 +490,11 @@ def check_merge(course: Path, rows: list[Submission], course_id: str) -> None:
 
 def totals_table(rows: list[Submission]) -> pd.DataFrame:
     return pd.DataFrame(
-        [{"learner": r.learner, "lab": r.lab, "score": r.score, "max_score": r.max_score, "error": r.error}
+        [{"learner": r.learner, "lab": r.lab, "score": r.score, "max_score": r.max_score, "error": r.error,
+          "seed": r.seed}
          for r in sorted(rows, key=lambda r: (r.learner, r.lab))],
-        columns=["learner", "lab", "score", "max_score", "error"],
-    )
+        columns=["learner", "lab", "score", "max_score", "error", "seed"],
+    ).astype({"seed": "Int64"})
 
 
 def cells_table(rows: list[Submission]) -> pd.DataFrame:
@@ -578,8 +597,11 @@ def run(args: argparse.Namespace) -> int:
         row.max_score = max_scores.get(row.lab, math.nan)
 
     todo = [r for r in rows if not r.error]
-    print(f"Grading {len(todo)} submission(s) with {args.jobs} job(s); "
-          f"{len(rows) - len(todo)} rejected before grading.", flush=True)
+    for row in todo:
+        row.seed = submission_seed(args.seed, row.learner, row.lab)
+    rejected = sum(1 for r in rows if r.error and r.error != NOT_SUBMITTED)
+    print(f"Grading {len(todo)} submission(s) with {args.jobs} job(s); {rejected} rejected before grading; "
+          f"hidden-test run seed {args.seed} (replay: --seed {args.seed}).", flush=True)
     grade_start = time.monotonic()
     grade_all(course, args.work, rows, course_id, args.jobs, env, args.submission_timeout)
     grading_seconds = time.monotonic() - grade_start

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 __all__ = ["Accelerator", "REFERENCE_DEVICES", "DEVICES", "get_device"]
 
-_SPEC_SOURCE = 'course spec COURSE_SPEC.md "Lab 1: roofline" reference devices (generic, dense BF16)'
+_SPEC_SOURCE = "the course's generic reference devices (Lab 1: roofline; dense 16-bit compute)"
 
 
 def _positive(owner: str, name: str, value) -> None:

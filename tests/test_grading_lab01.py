@@ -87,6 +87,10 @@ FAULTS = {
         {"kv": "query heads .* used instead of KV heads", "decode": "query heads instead of KV heads",
          "fit": "query heads instead of KV heads"}),
     "GiB for GB": (dict(requests_that_fit=_fit_gib), {"fit": "binary GiB"}),
+    "q and o sized d x d": (
+        dict(count_parameters=lambda c: tuple(x + 2 * c.n_layers * c.d_model * (c.d_model - c.n_heads * c.head_dim)
+                                              for x in ref.count_parameters(c))),
+        {"params": "W_q and W_o sized d x d"}),
     "sum instead of max": (dict(decode_step_bound=_decode_sum), {"decode": "added instead of taking the max"}),
 }
 

@@ -32,6 +32,7 @@ CONFIG = REPO / "autograder" / "nbgrader_config.py"
 LAB = "01_tiny"
 COMMA_LEARNER = "smith, john"
 CELL_TIMEOUT = 5  # seconds; frank's hidden test sleeps past it
+RUN_SEED = 7  # --seed of both runs: the per-submission hidden-test seeds are then the same
 
 SOLUTION = "def add(a, b):\n    ### BEGIN SOLUTION\n    return a + b\n    ### END SOLUTION"
 VISIBLE_TEST = "assert add(1, 2) == 3"
@@ -149,7 +150,7 @@ def pipeline(tmp_path_factory):
     good, bad = root / "expected.csv", root / "expected_wrong.csv"
     write_expected(good, EXPECTED_TOTALS, cell_rows)
     write_expected(bad, {**EXPECTED_TOTALS, "carol": 3}, cell_rows)
-    common = ["--root", root, "--per-test", "--cell-timeout", CELL_TIMEOUT]
+    common = ["--root", root, "--per-test", "--cell-timeout", CELL_TIMEOUT, "--seed", RUN_SEED]
     serial = run_driver(submissions, "--work", root / "work1", "--expected", good, *common)
     parallel = run_driver(submissions, "--work", root / "work2", "--expected", bad, "--jobs", 2, *common)
     return {"root": root, "release": release, "submissions": submissions, "before": before,
@@ -209,6 +210,17 @@ def test_parallel_run_gives_the_same_scores(pipeline):
     for name in ("grades.csv", "grades_per_test.csv"):
         serial, parallel = read_grades(pipeline["work1"], name), read_grades(pipeline["work2"], name)
         pd.testing.assert_frame_equal(serial, parallel)
+
+
+def test_each_graded_submission_records_its_replayable_seed(pipeline):
+    driver = load_driver()
+    grades = read_grades(pipeline["work1"])
+    graded = grades[grades.seed.fillna("").astype(str) != ""]
+    assert not graded.empty
+    for row in graded.itertuples():
+        assert int(row.seed) == driver.submission_seed(RUN_SEED, row.learner, row.lab)
+    assert len(set(graded.seed)) == len(graded)  # every submission its own inputs
+    assert driver.submission_seed(RUN_SEED, "alice", LAB) != driver.submission_seed(RUN_SEED + 1, "alice", LAB)
 
 
 def test_expected_mismatch_exits_1_and_prints_the_row(pipeline):

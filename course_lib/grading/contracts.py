@@ -65,7 +65,9 @@ def check_tensor(name: str, obj, shape: Sequence[int] | None = None, dtype: torc
 def check_int(name: str, obj) -> int:
     """Return ``obj`` if it is exactly an int (bool and int-like objects are refused)."""
     if type(obj) is not int:
-        raise ContractError(f"{name} must be an int, got {type(obj).__qualname__}")
+        kind = type(obj)
+        hint = " (convert it with int(...))" if kind.__module__ in ("numpy", "torch") or kind is float else ""
+        raise ContractError(f"{name} must be an int, got {kind.__module__}.{kind.__qualname__}{hint}")
     return obj
 
 

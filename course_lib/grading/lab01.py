@@ -41,13 +41,22 @@ GIB = 2 ** 30
 
 
 # -- inputs -----------------------------------------------------------------------------------
-def random_config(rng: random.Random, tied: bool | None = None, gqa: bool = True) -> ModelConfig:
-    """A Llama-shaped config with sizes drawn from ``rng``: 1-96 layers, width 256-16384, query
-    heads a divisor of the width (head_dim 32-256), KV heads a proper divisor of the query heads
-    when ``gqa`` (so query heads != KV heads), SwiGLU width about 2.7x, vocab 1,000-260,000."""
+def random_config(rng: random.Random, tied: bool | None = None, gqa: bool = True,
+                  square: bool | None = None) -> ModelConfig:
+    """A Llama-shaped config with sizes drawn from ``rng``: 1-96 layers, 2-64 query heads of
+    32-256, KV heads a proper divisor of the query heads when ``gqa`` (so query heads != KV
+    heads), SwiGLU width 1-4x the model width, vocab 1,000-260,000. ``square``: True makes
+    d_model = n_heads * head_dim (what the spec's attention FLOPs 4*L*d*t assume); False makes
+    them differ (so q/o sized d x d is caught); None draws True 80 % of the time."""
     head_dim = rng.choice([32, 64, 64, 128, 128, 256])
     n_heads = rng.choice([2, 4, 6, 8, 12, 16, 24, 32, 48, 64])
-    d_model = head_dim * n_heads if rng.random() < 0.8 else 64 * rng.randint(4, 256)
+    if square is None:
+        square = rng.random() < 0.8
+    d_model = head_dim * n_heads
+    if not square:
+        d_model = 64 * rng.randint(4, 256)
+        if d_model == head_dim * n_heads:
+            d_model += 64
     divisors = [k for k in range(1, n_heads + 1) if n_heads % k == 0 and (k < n_heads or not gqa)]
     return ModelConfig(n_layers=rng.randint(1, 96), d_model=d_model, n_heads=n_heads,
                        n_kv_heads=rng.choice(divisors), head_dim=head_dim,
@@ -116,7 +125,9 @@ def check_parameter_count(fn: Callable, seed: int = 0, cases: int = 6) -> None:
     check_own_function("count_parameters", fn)
     rng = random.Random(seed)
     for case in range(cases):
-        config = random_config(rng, tied=[False, True][case % 2] if case < 2 else None)
+        # case 0 untied, case 1 tied, case 2 with d_model != n_heads * head_dim
+        config = random_config(rng, tied=[False, True, None][case] if case < 3 else None,
+                               square=False if case == 2 else None)
         what = f"count_parameters(case {case}: {_describe(config)})"
         out = fn(config)
         if type(out) not in (tuple, list) or len(out) != 2:
@@ -138,6 +149,8 @@ def check_parameter_count(fn: Callable, seed: int = 0, cases: int = 6) -> None:
                     lambda: expected + (table if config.tie_embeddings else 0),
                 "the output head left out (it is a d x vocab matrix multiply)":
                     lambda: expected - (0 if config.tie_embeddings and label == "n_params" else table),
+                "W_q and W_o sized d x d instead of d x n_heads*d_head (and n_heads*d_head x d)":
+                    lambda: expected + 2 * L * d * (d - q),
                 "k and v projections sized with query heads (d x n_heads*d_head instead of d x n_kv*d_head)":
                     lambda: expected + 2 * L * d * (q - kv),
                 "RMSNorm vectors left out (2 per block plus the final norm)":
@@ -184,11 +197,13 @@ def check_kv_bytes_per_token(fn: Callable, seed: int = 0, cases: int = 6) -> Non
 # -- exercise 3: prefill time ------------------------------------------------------------------
 def check_prefill_time(fn: Callable, seed: int = 0, cases: int = 6) -> None:
     """Contract: fn(config, device, tokens, mfu) equals (2*N_matmul*t + 2*L*d*t^2) / (mfu * peak)
-    in seconds, to 4 significant figures."""
+    in seconds, to 4 significant figures. Configs have d = n_heads * head_dim, the case the
+    spec's simplified attention term assumes (so 4*L*d*t and 4*L*n_h*d_h*t agree)."""
     check_own_function("prefill_time", fn)
     rng = random.Random(seed)
     for case in range(cases):
-        config, device = random_config(rng, tied=False if case == 0 else None), random_device(rng)
+        config = random_config(rng, tied=False if case == 0 else None, square=True)
+        device = random_device(rng)
         tokens, mfu = rng.randint(1, 32768), rng.choice([0.3, 0.4, 0.5, 0.6, 0.75])
         if case == 0:  # short enough that the weight term (2*N_matmul*t) is not swamped by attention
             tokens = rng.randint(1, 512)
@@ -224,7 +239,8 @@ def check_decode_step_bound(fn: Callable, seed: int = 0, cases: int = 8) -> None
     rng = random.Random(seed)
     for case in range(cases):
         for _ in _attempts():
-            config, device = random_config(rng, tied=False if case == 0 else None), random_device(rng)
+            config = random_config(rng, tied=False if case == 0 else None, square=True)
+            device = random_device(rng)
             batch, context = rng.randint(1, 1024), rng.randint(1, 32768)
             nbytes = rng.choice([1, 2, 2, 4])
             weight_bytes = ref.n_matmul(config) * rng.choice([0.5, 1, 2])

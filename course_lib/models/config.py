@@ -2,7 +2,7 @@
 
 One dataclass describes both the random-weight toy decoder of Lab 2 and the real
 SmolLM2 checkpoints. Parameter accounting follows course "Lab 1: roofline":
-four attention projections (q, o: d x d; k, v: d x n_kv*d_head), three SwiGLU
+four attention projections (q: d x n_h*d_head, o: n_h*d_head x d, k, v: d x n_kv*d_head), three SwiGLU
 projections (d x d_ff each), two RMSNorm vectors per block, a final norm, the input
 embedding and (when untied) an output head.
 """
