@@ -13,6 +13,8 @@ LABS := 01_roofline 02_kv_cache 03_scheduling
 SUBMISSIONS ?= autograder/samples
 EXPECTED ?= autograder/samples/expected_scores.csv
 JOBS ?= 2
+# Extra options for autograder/grade.py in `make grade`, e.g. GRADE_ARGS="--per-test --seed 123".
+GRADE_ARGS ?=
 BUILD := build
 # No model hub at run time: artifacts come from the converted cache or the offline fallback.
 export HF_HUB_OFFLINE ?= 1
@@ -26,7 +28,7 @@ help:
 	@echo "make test    library tests, nbval on solutions/, labs/ in sync, grading of the samples"
 	@echo "make lab     open JupyterLab on labs/ (learners)"
 	@echo "make release regenerate labs/ from solutions/ (nbgrader generate_assignment)"
-	@echo "make grade SUBMISSIONS=DIR [JOBS=N]   autograde DIR/{learner}/{lab}/{lab}.ipynb"
+	@echo "make grade SUBMISSIONS=DIR [JOBS=N] [GRADE_ARGS='--per-test --seed N']   autograde DIR/{learner}/{lab}/{lab}.ipynb"
 	@echo "make samples regenerate autograder/samples/ from solutions/ and the fault list"
 
 $(STAMP): pyproject.toml
@@ -79,7 +81,7 @@ samples: setup
 	$(BIN)/python autograder/make_samples.py
 
 grade: setup
-	$(BIN)/python autograder/grade.py $(SUBMISSIONS) --jobs $(JOBS)
+	$(BIN)/python autograder/grade.py $(SUBMISSIONS) --jobs $(JOBS) $(GRADE_ARGS)
 
 clean:
 	rm -rf $(BUILD) autograder/work .pytest_cache

@@ -34,7 +34,8 @@ from .contracts import (ContractError, check_bytes, check_int, check_own_functio
                         significant_tolerance)
 
 __all__ = ["random_config", "random_device", "kv_terms", "check_parameter_count", "check_kv_bytes_per_token",
-           "check_prefill_time", "check_decode_step_bound", "check_intensity", "check_requests_that_fit"]
+           "check_prefill_time", "check_decode_step_bound", "check_gemv_intensity", "check_gemm_intensity",
+           "check_requests_that_fit"]
 
 FIGURES = 4  # "times to 4 significant figures"
 GIB = 2 ** 30
@@ -285,36 +286,47 @@ def check_decode_step_bound(fn: Callable, seed: int = 0, cases: int = 8) -> None
 
 
 # -- exercise 5: arithmetic intensity ----------------------------------------------------------
-def check_intensity(gemv_fn: Callable, gemm_fn: Callable, seed: int = 0, cases: int = 6) -> None:
-    """Contracts (FLOP/byte, 4 significant figures): gemv_fn(m, n, b) = 2mn / (b(mn + m + n));
-    gemm_fn(m, n, B, b) = 2mnB / (b(mn + nB + mB)) - one read of each input, one write of the
-    output. Sizes are small enough that the vector and output terms matter."""
-    check_own_function("gemv_intensity", gemv_fn)
-    check_own_function("gemm_intensity", gemm_fn)
+def _check_intensity_case(name: str, fn: Callable, args: tuple, expected: float, case: int,
+                          variants: dict[str, Callable[[], float]]) -> None:
+    what = f"{name}{args} (case {case})"
+    got = fn(*args)
+    try:
+        check_significant(got, expected, figures=FIGURES, what=what)
+    except ContractError as err:
+        raise _diagnose(err, check_real(what, got), variants) from None
+
+
+def _intensity_sizes(rng: random.Random) -> tuple[int, int, int, float]:
+    return rng.randint(2, 300), rng.randint(2, 300), rng.randint(2, 600), rng.choice([0.5, 1, 2, 4])
+
+
+def check_gemv_intensity(fn: Callable, seed: int = 0, cases: int = 6) -> None:
+    """Contract (FLOP/byte, 4 significant figures): fn(m, n, b) = 2mn / (b(mn + m + n)): one read
+    of W and x, one write of y. Sizes are small enough that the vector terms matter."""
+    check_own_function("gemv_intensity", fn)
     rng = random.Random(seed)
     for case in range(cases):
-        m, n, b = rng.randint(2, 300), rng.randint(2, 300), rng.choice([0.5, 1, 2, 4])
-        batch = rng.randint(2, 600)
-        for name, fn, args, expected, variants in (
-            ("gemv_intensity", gemv_fn, (m, n, b), ref.gemv_intensity(m, n, b), {
-                "only the matrix counted in the bytes (x and y left out)": lambda: 2 / b,
-                "one FLOP per multiply-add instead of two": lambda: m * n / (b * (m * n + m + n)),
-                "the output write left out": lambda: 2 * m * n / (b * (m * n + n)),
-            }),
-            ("gemm_intensity", gemm_fn, (m, n, batch, b), ref.gemm_intensity(m, n, batch, b), {
-                "only the matrix counted in the bytes (~2B/b, no saturation)": lambda: 2 * batch / b,
-                "one FLOP per multiply-add instead of two":
-                    lambda: m * n * batch / (b * (m * n + n * batch + m * batch)),
-                "the output write left out": lambda: 2 * m * n * batch / (b * (m * n + n * batch)),
-                "the GEMV formula (batch ignored)": lambda: ref.gemv_intensity(m, n, b),
-            }),
-        ):
-            what = f"{name}{args} (case {case})"
-            got = fn(*args)
-            try:
-                check_significant(got, expected, figures=FIGURES, what=what)
-            except ContractError as err:
-                raise _diagnose(err, check_real(what, got), variants) from None
+        m, n, _, b = _intensity_sizes(rng)
+        _check_intensity_case("gemv_intensity", fn, (m, n, b), ref.gemv_intensity(m, n, b), case, {
+            "only the matrix counted in the bytes (x and y left out)": lambda: 2 / b,
+            "one FLOP per multiply-add instead of two": lambda: m * n / (b * (m * n + m + n)),
+            "the output write left out": lambda: 2 * m * n / (b * (m * n + n)),
+        })
+
+
+def check_gemm_intensity(fn: Callable, seed: int = 0, cases: int = 6) -> None:
+    """Contract (FLOP/byte, 4 significant figures): fn(m, n, B, b) = 2mnB / (b(mn + nB + mB)):
+    one read of W and X, one write of Y. Sizes are small enough that X and Y matter."""
+    check_own_function("gemm_intensity", fn)
+    rng = random.Random(seed)
+    for case in range(cases):
+        m, n, batch, b = _intensity_sizes(rng)
+        _check_intensity_case("gemm_intensity", fn, (m, n, batch, b), ref.gemm_intensity(m, n, batch, b), case, {
+            "only the matrix counted in the bytes (~2B/b, no saturation)": lambda: 2 * batch / b,
+            "one FLOP per multiply-add instead of two": lambda: m * n * batch / (b * (m * n + n * batch + m * batch)),
+            "the output write left out": lambda: 2 * m * n * batch / (b * (m * n + n * batch)),
+            "the GEMV formula (batch ignored)": lambda: ref.gemv_intensity(m, n, b),
+        })
 
 
 # -- exercise 6: requests that fit -------------------------------------------------------------
