@@ -38,6 +38,17 @@ FAULTS = {
                                 '"itl99": float(np.quantile(itl, 0.99))',
                                 '"itl99": float(np.mean([np.quantile(g, 0.99) for g in gaps if len(g)]))',
                                 "mean of per-request p99s"),
+    "goodput strict <": (lab03.check_serving_metrics, ref.serving_metrics,
+                         "t <= targets[0] and (len(g) == 0 or g.max() <= targets[1])",
+                         "t < targets[0] and (len(g) == 0 or g.max() < targets[1])", "strict < instead of <="),
+    "chunk bytes missing": (lab03.check_iteration_time, ref.iteration_time,
+                            "context = sum(decodes) + sum(c for k, c in chunks)", "context = sum(decodes)",
+                            "cached positions left out of the bytes"),
+    "admission against all memory": (lab03.check_schedule_step, ref.schedule_step,
+                                     "> 0.99 * device.memory", "> device.memory", "instead of 0.99"),
+    "evict at exactly full": (lab03.check_schedule_step, ref.schedule_step,
+                              "* device.kv > device.memory:", "* device.kv >= device.memory:",
+                              "exactly fill memory"),
 }
 
 
@@ -98,6 +109,26 @@ def test_rigged_and_malformed_results_are_refused():
         lab03.check_serving_metrics(lambda records, targets: {"ttft50": 1.0})
     with pytest.raises(ContractError, match="course_lib's reference"):
         lab03.check_iteration_time(scheduling.iteration_time)
+
+
+def test_an_equivalent_midpoint_and_plain_lists_are_accepted():
+    def search(run, targets=(3.0, 0.1), lo=0.01, hi=4.0, steps=10):
+        for _ in range(steps):
+            mid = lo + (hi - lo) / 2
+            ok = run(mid)["ttft99"] <= targets[0] and run(mid)["itl99"] <= targets[1]
+            lo, hi = (mid, hi) if ok else (lo, mid)
+        return lo
+
+    def as_lists(*args, **kwargs):
+        plan = ref.schedule_step(*args, **kwargs)
+        return [plan.admitted, list(plan.preempted)[::-1], list(plan.decodes), [list(c) for c in plan.chunks]]
+
+    with pytest.raises(ContractError, match="probe \\d+ was"):  # two calls per step: the probes differ
+        lab03.check_find_capacity(search, seed=0)
+    once = _patched(ref.find_capacity, "mid = (lo + hi) / 2", "mid = lo + (hi - lo) / 2")
+    for seed in SEEDS:
+        lab03.check_find_capacity(once, seed)
+        lab03.check_schedule_step(as_lists, seed)
 
 
 def test_a_faulty_step_also_fails_inside_a_simulation():

@@ -11,14 +11,14 @@ from .cost import (CASE_D_MODEL, CASE_KV_BYTES, CASE_LAYERS, CASE_N_MATMUL, PROF
 from .metrics import DEFAULT_TARGETS, METRIC_KEYS, metrics
 from .simulator import POLICIES, resolve_device, run_trace, run_with_step, simulate
 from .step import (ADMIT_FRACTION, CHUNK_BUDGET, MAX_RUNNING, STATIC_BATCH, STATIC_WAIT, RequestTooLargeError,
-                   StepPlan, chunked_step)
+                   StepPlan, as_plan, chunked_step)
 from .workload import MAX_OUTPUT, Request, RequestRecord, make_workload
 
 __all__ = [
     "Device", "DeviceProfile", "PROFILES", "iteration_time", "cost_per_million_tokens",
     "CASE_N_MATMUL", "CASE_LAYERS", "CASE_D_MODEL", "CASE_KV_BYTES",
     "Request", "RequestRecord", "make_workload", "MAX_OUTPUT",
-    "StepPlan", "chunked_step", "RequestTooLargeError",
+    "StepPlan", "as_plan", "chunked_step", "RequestTooLargeError",
     "CHUNK_BUDGET", "MAX_RUNNING", "ADMIT_FRACTION", "STATIC_BATCH", "STATIC_WAIT",
     "POLICIES", "run_trace", "run_with_step", "simulate", "resolve_device",
     "metrics", "METRIC_KEYS", "DEFAULT_TARGETS",

@@ -43,7 +43,7 @@ import numpy as np
 
 from .cost import Device, DeviceProfile, PROFILES, _seconds
 from .step import (CHUNK_BUDGET, MAX_RUNNING, STATIC_BATCH, STATIC_WAIT, RequestTooLargeError, StepPlan,
-                   _admit_limit, chunked_step)
+                   _admit_limit, as_plan, chunked_step)
 from .metrics import metrics
 from .workload import MAX_OUTPUT, Request, RequestRecord, make_workload
 
@@ -486,7 +486,10 @@ def run_with_step(requests: Sequence[Request], device=None,
     step (yours, in the lab) drive the whole simulation. With the default ``chunked_step`` it
     gives the same records as ``run_trace(requests, "chunked", device)``.
 
-    Raises: as ``run_trace``; ValueError when ``step`` returns an inconsistent plan.
+    ``step`` may return a StepPlan or a 4-tuple with lists (see ``as_plan``).
+
+    Raises: as ``run_trace``; TypeError for a malformed plan; ValueError when ``step`` returns
+    an inconsistent one.
     """
     device = resolve_device(device)
     reqs = _requests(requests)
@@ -506,19 +509,21 @@ def run_with_step(requests: Sequence[Request], device=None,
         if not running and not queue:
             tl.clock = seqs[nxt].arrival
             continue
-        plan = step([(s.filled, s.target) for s in running], [(s.prompt, s.generated) for s in queue], device,
-                    budget=budget, max_running=max_running)
-        if not isinstance(plan, StepPlan) or not 0 <= plan.admitted <= len(queue):
-            raise ValueError(f"step returned {plan!r}: expected a StepPlan admitting 0..{len(queue)} requests")
+        plan = as_plan(step([(s.filled, s.target) for s in running], [(s.prompt, s.generated) for s in queue],
+                            device, budget=budget, max_running=max_running))
+        if not 0 <= plan.admitted <= len(queue):
+            raise ValueError(f"step admitted {plan.admitted} requests but {len(queue)} are queued")
         for _ in range(plan.admitted):
             s = queue.popleft()
             s.target, s.filled = s.prompt + s.generated, 0
             running.append(s)
         victims = plan.preempted
-        if not isinstance(victims, tuple) or len(set(victims)) != len(victims) or len(victims) >= len(running) \
-                or any(type(i) is not int or not 0 <= i < len(running) for i in victims):
-            raise ValueError(f"step preempted {victims!r}: expected a tuple of distinct indices into the "
-                             f"{len(running)} running requests, leaving at least one")
+        if len(set(victims)) != len(victims) or any(not 0 <= i < len(running) for i in victims):
+            raise ValueError(f"step preempted {list(victims)}: expected distinct indices into the "
+                             f"{len(running)} running requests (after admission)")
+        if len(victims) >= len(running):
+            raise ValueError(f"step preempted all {len(running)} running requests: at least one must keep running "
+                             "(a request that cannot run alone can never be served)")
         _check_plan(plan, running, set(victims))
         decodes = [running[i] for i in plan.decodes]
         chunks = [(running[i], k) for i, k in plan.chunks]

@@ -29,7 +29,7 @@ from typing import Sequence
 
 from .cost import Device, _max_tokens
 
-__all__ = ["StepPlan", "chunked_step", "RequestTooLargeError", "CHUNK_BUDGET", "MAX_RUNNING",
+__all__ = ["StepPlan", "as_plan", "chunked_step", "RequestTooLargeError", "CHUNK_BUDGET", "MAX_RUNNING",
            "ADMIT_FRACTION", "STATIC_BATCH", "STATIC_WAIT"]
 
 #: New prefill positions per iteration for the chunked policy (tokens).
@@ -70,6 +70,48 @@ class StepPlan:
     preempted: tuple[int, ...]
     decodes: tuple[int, ...]
     chunks: tuple[tuple[int, int], ...]
+
+
+def _int(what: str, value) -> int:
+    if type(value) is not int:
+        kind = type(value)
+        hint = " (convert it with int(...))" if kind.__module__ in ("numpy", "torch") else ""
+        raise TypeError(f"{what} must be an int, got {kind.__module__}.{kind.__qualname__} {value!r}{hint}")
+    return value
+
+
+def as_plan(plan) -> StepPlan:
+    """A scheduling step's answer as a canonical ``StepPlan``: fields as tuples, ``preempted``,
+    ``decodes`` and ``chunks`` sorted by index.
+
+    Accepts a ``StepPlan`` or a 4-tuple/list (admitted, preempted, decodes, chunks) whose index
+    collections are lists or tuples of plain ints and whose chunks are (index, k) pairs.
+
+    Raises: TypeError naming the field for any other shape or type (numpy or torch integers
+    included, with a hint to convert them with int())."""
+    if type(plan) is StepPlan:
+        fields = (plan.admitted, plan.preempted, plan.decodes, plan.chunks)
+    elif type(plan) in (tuple, list) and len(plan) == 4:
+        fields = tuple(plan)
+    else:
+        raise TypeError(f"a scheduling step must return StepPlan(admitted, preempted, decodes, chunks), got "
+                        f"{type(plan).__module__}.{type(plan).__qualname__}")
+    admitted, preempted, decodes, chunks = fields
+
+    def indices(name, value):
+        if type(value) not in (tuple, list):
+            raise TypeError(f"StepPlan.{name} must be a list or tuple of int indices, got {value!r}")
+        return tuple(sorted(_int(f"StepPlan.{name}[{i}]", x) for i, x in enumerate(value)))
+
+    if type(chunks) not in (tuple, list):
+        raise TypeError(f"StepPlan.chunks must be a list of (index, k) pairs, got {chunks!r}")
+    pairs = []
+    for i, c in enumerate(chunks):
+        if type(c) not in (tuple, list) or len(c) != 2:
+            raise TypeError(f"StepPlan.chunks[{i}] must be an (index, k) pair, got {c!r}")
+        pairs.append((_int(f"StepPlan.chunks[{i}] index", c[0]), _int(f"StepPlan.chunks[{i}] k", c[1])))
+    return StepPlan(_int("StepPlan.admitted", admitted), indices("preempted", preempted),
+                    indices("decodes", decodes), tuple(sorted(pairs)))
 
 
 def _admit_limit(device: Device) -> int:
