@@ -21,7 +21,7 @@ export HF_HUB_OFFLINE ?= 1
 # nbgrader runs helper programs (alembic) by name: the venv must come first on PATH.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help setup model run test test-lib test-notebooks test-grading lab release samples grade clean
+.PHONY: help setup sandbox model run test test-lib test-notebooks test-grading lab release samples grade clean
 
 help:
 	@echo "make run     execute the solution notebooks, regenerate labs/, grade the sample submissions"
@@ -30,6 +30,7 @@ help:
 	@echo "make release regenerate labs/ from solutions/ (nbgrader generate_assignment)"
 	@echo "make grade SUBMISSIONS=DIR [JOBS=N] [GRADE_ARGS='--per-test --seed N']   autograde DIR/{learner}/{lab}/{lab}.ipynb"
 	@echo "make samples regenerate autograder/samples/ from solutions/ and the fault list"
+	@echo "make sandbox install/check bubblewrap, the sandbox grading runs learner code in"
 
 $(STAMP): pyproject.toml
 	@if [ -z "$(PYTHON)" ]; then echo "error: Python 3.11 not found (set PYTHON=/path/to/python3.11)"; exit 1; fi
@@ -41,11 +42,17 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# Grading runs learner code inside bubblewrap (autograder/sandbox.py); on Debian/Ubuntu as root
+# this installs it with apt when missing, elsewhere it says what to do.
+sandbox: setup
+	@$(BIN)/python autograder/sandbox.py install || echo "sandbox unavailable here: grading refuses to run \
+	learner code unless you accept the risk with GRADE_ARGS=--unsafe-no-sandbox"
+
 # Resolve (and on first use convert, ~20 s) the default model so later steps load it in ~1 s.
 model: setup
 	$(BIN)/python -m course_lib doctor --convert
 
-run: model
+run: model sandbox
 	@mkdir -p $(BUILD)/notebooks
 	@for lab in $(LABS); do \
 	  echo "== executing solutions/$$lab/$$lab.ipynb"; \
@@ -57,18 +64,18 @@ run: model
 	  grep -o '\[artifact\][^"\\]*' $(BUILD)/notebooks/$$lab.ipynb | sort -u | sed 's/^/   /' || true; \
 	done
 	$(MAKE) --no-print-directory release
-	$(BIN)/python autograder/grade.py autograder/samples --jobs $(JOBS) --expected $(EXPECTED)
+	$(BIN)/python autograder/grade.py autograder/samples --jobs $(JOBS) --expected $(EXPECTED) $(GRADE_ARGS)
 
 test: model test-lib test-notebooks test-grading
 
-test-lib: setup
+test-lib: setup sandbox
 	$(BIN)/python -m pytest tests -q
 
 test-notebooks: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-cell-timeout=900 solutions
 
-test-grading: setup
-	$(BIN)/python autograder/grade.py autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --per-test
+test-grading: setup sandbox
+	$(BIN)/python autograder/grade.py autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --per-test $(GRADE_ARGS)
 
 lab: setup
 	$(BIN)/jupyter lab labs
@@ -80,7 +87,7 @@ release: setup
 samples: setup
 	$(BIN)/python autograder/make_samples.py
 
-grade: setup
+grade: setup sandbox
 	$(BIN)/python autograder/grade.py $(SUBMISSIONS) --jobs $(JOBS) $(GRADE_ARGS)
 
 clean:

@@ -22,8 +22,9 @@ SUBMISSIONS is laid out like nbgrader's ``submitted`` folder:
     shards/NNNN/               one small course per (learner, lab): autograde and
                                generate_feedback run there, one process each
     logs/                      nbgrader output per step
-    grades.csv                 learner, lab, score, max_score, error, seed  (this driver's table;
-                               seed: the COURSE_GRADING_SEED of that submission's hidden tests)
+    grades.csv                 learner, lab, score, max_score, error, seed, sandbox  (this driver's
+                               table; seed: the COURSE_GRADING_SEED of that submission's hidden
+                               tests; sandbox: bubblewrap, or NONE with --unsafe-no-sandbox)
     grades_per_test.csv        with --per-test: learner, lab, cell, score, max_score
 
 Why shards: nbgrader's gradebook is one sqlite file. Parallel ``nbgrader autograde
@@ -44,6 +45,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -120,6 +122,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=None,
                         help="run seed for the hidden tests (default: a fresh random one, printed); each "
                              "submission gets COURSE_GRADING_SEED derived from it, its learner id and lab")
+    parser.add_argument("--unsafe-no-sandbox", action="store_true",
+                        help="grade even where the sandbox (bubblewrap) is unavailable, running learner code "
+                             "as this user with this machine's access; every output says so")
     parser.add_argument("--submission-timeout", type=int, default=3600,
                         help="seconds for one submission's autograde before it is killed (default 3600)")
     args = parser.parse_args(argv)
@@ -238,8 +243,20 @@ def prepare_work(work: Path, root: Path, submissions: Path) -> None:
     (work / WORK_MARKER).write_text("made by autograder/grade.py; emptied at every run\n")
 
 
-def write_course_config(course: Path, cell_timeout: int | None) -> None:
-    """Write course/nbgrader_config.py: the course settings, with every path in this folder."""
+def load_sandbox():
+    """autograder/sandbox.py as a module (loaded by path, under the name its config lines use)."""
+    name = "course_autograder_sandbox"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "sandbox.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def write_course_config(course: Path, cell_timeout: int | None, sandbox_lines: list[str] = ()) -> None:
+    """Write course/nbgrader_config.py: the course settings, with every path in this folder, then
+    SANDBOX_LINES (autograder/sandbox.py: kernels for learner code run inside bubblewrap)."""
     if not BASE_CONFIG.is_file():  # load_subconfig would silently skip a missing file
         raise InfrastructureError(f"missing {BASE_CONFIG}")
     lines = [
@@ -261,6 +278,7 @@ def write_course_config(course: Path, cell_timeout: int | None) -> None:
     ]
     if cell_timeout is not None:
         lines.append(f"c.Execute.timeout = {int(cell_timeout)}")
+    lines.extend(sandbox_lines)
     (course / "nbgrader_config.py").write_text("\n".join(lines) + "\n")
 
 
@@ -276,6 +294,9 @@ def nbgrader_env(jobs: int) -> dict[str, str]:
     """
     env = dict(os.environ)
     env.setdefault("COURSE_QUICK", "1")
+    # A config file that raises must stop nbgrader, not be skipped with a log line: skipping
+    # the generated config would grade with default paths and without the sandbox.
+    env["TRAITLETS_APPLICATION_RAISE_CONFIG_FILE_ERROR"] = "1"
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     if jobs > 1:
         share = str(max(1, (os.cpu_count() or 1) // jobs))
@@ -324,11 +345,11 @@ def last_error_line(log: Path) -> str:
 
 
 def build_course(work: Path, root: Path, submissions: Path, labs: list[str],
-                 cell_timeout: int | None, env: dict[str, str]) -> Path:
+                 cell_timeout: int | None, env: dict[str, str], sandbox_lines: list[str] = ()) -> Path:
     """Make work/course: config, source copy, release + gradebook entries, submissions copy."""
     course = work / "course"
     course.mkdir()
-    write_course_config(course, cell_timeout)
+    write_course_config(course, cell_timeout, sandbox_lines)
     ignore = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "*.pyc")
     for lab in labs:
         shutil.copytree(root / "solutions" / lab, course / "source" / lab, ignore=ignore)
@@ -586,11 +607,21 @@ def run(args: argparse.Namespace) -> int:
     labs = sorted({r.lab for r in rows if r.folder is not None and not r.error.startswith("unknown lab")})
     if not labs:
         raise InfrastructureError(f"none of the submitted labs has a source in {args.root / 'solutions'}")
+    sandbox = load_sandbox()
+    try:
+        unsafe = sandbox.require_sandbox(allow_unsafe=args.unsafe_no_sandbox)
+    except sandbox.SandboxUnavailableError as exc:
+        raise InfrastructureError(f"{exc} (make sandbox installs it; the flag is --unsafe-no-sandbox)") from None
+    if unsafe:
+        print(unsafe, flush=True)
+    sandbox_lines = sandbox.nbgrader_config_lines(sandbox.SandboxLimits(wall_seconds=args.submission_timeout),
+                                                  allow_unsafe=args.unsafe_no_sandbox)
     prepare_work(args.work, args.root, args.submissions)
     env = nbgrader_env(args.jobs)
 
-    print(f"Preparing {args.work / 'course'} (labs: {', '.join(labs)}) ...", flush=True)
-    course = build_course(args.work, args.root, args.submissions, labs, args.cell_timeout, env)
+    print(f"Preparing {args.work / 'course'} (labs: {', '.join(labs)}; learner code "
+          f"{'NOT sandboxed' if unsafe else 'sandboxed with bubblewrap'}) ...", flush=True)
+    course = build_course(args.work, args.root, args.submissions, labs, args.cell_timeout, env, sandbox_lines)
     course_id = course_id_of(course / "gradebook.db")
     max_scores = lab_max_scores(course / "gradebook.db", course_id, labs)
     for row in rows:
@@ -618,6 +649,7 @@ def run(args: argparse.Namespace) -> int:
         raise InfrastructureError(f"nbgrader export failed: {why}")
 
     totals, cells = totals_table(rows), cells_table(rows)
+    totals["sandbox"] = "NONE (unsafe: --unsafe-no-sandbox)" if unsafe else "bubblewrap"
     totals.to_csv(args.work / "grades.csv", index=False)
     print("\nGrades:\n" + show(totals))
     if args.per_test:
@@ -629,6 +661,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"Feedback HTML: {course / 'feedback'}  ({{learner}}/{{lab}}/{{lab}}.html)")
     print(f"Time: grading {grading_seconds:.1f} s with {args.jobs} job(s), "
           f"whole run {time.monotonic() - started:.1f} s")
+    if unsafe:
+        print(unsafe)
 
     if args.expected is not None:
         differences = compare_expected(args.expected, totals, cells)

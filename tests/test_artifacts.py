@@ -404,3 +404,15 @@ def test_doctor_reports_versions_and_artifacts(capsys, tmp_path, monkeypatch):
     assert code == (0 if usable else 1)
     from course_lib.kernels import triton_mode
     assert triton_mode() in ("interpreter", "unavailable", "native") and triton_mode().reason
+
+
+def test_verified_cache_files_are_shared_with_other_users(tmp_path):
+    """A cache entry written 0600 (by an older version) becomes 0644 when it is read, so a
+    sandboxed grading kernel running as another user can load it."""
+    from course_lib.data import artifacts
+
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"x")
+    weights.chmod(0o600)
+    artifacts._share(tmp_path)
+    assert weights.stat().st_mode & 0o777 == 0o644

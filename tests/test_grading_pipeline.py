@@ -131,8 +131,8 @@ def snapshot(*folders: Path) -> dict[Path, bytes]:
     return {p: p.read_bytes() for folder in folders for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def run_driver(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(DRIVER), *map(str, args)], capture_output=True, text=True)
+def run_driver(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(DRIVER), *map(str, args)], capture_output=True, text=True, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -210,6 +210,31 @@ def test_parallel_run_gives_the_same_scores(pipeline):
     for name in ("grades.csv", "grades_per_test.csv"):
         serial, parallel = read_grades(pipeline["work1"], name), read_grades(pipeline["work2"], name)
         pd.testing.assert_frame_equal(serial, parallel)
+
+
+def test_learner_code_ran_in_the_sandbox(pipeline):
+    grades = read_grades(pipeline["work1"])
+    assert set(grades.sandbox) == {"bubblewrap"}
+    assert "sandboxed with bubblewrap" in pipeline["serial"].stdout
+
+
+def test_grading_refuses_without_a_sandbox_unless_told(tmp_path):
+    """Without bwrap (COURSE_SANDBOX_BWRAP names a missing binary) the driver exits 2 before
+    running any learner code, and names the flag that would override it."""
+    write_source(tmp_path)
+    batch = tmp_path / "batch" / "alice" / LAB
+    batch.mkdir(parents=True)
+    nbformat.write(new_notebook(cells=[new_code_cell("x = 1")]), batch / f"{LAB}.ipynb")
+    bare = {**os.environ, "COURSE_SANDBOX_BWRAP": str(tmp_path / "no-bwrap-here")}
+    refused = run_driver(tmp_path / "batch", "--root", tmp_path, "--work", tmp_path / "w1", env=bare)
+    assert refused.returncode == 2 and "refusing to grade" in refused.stderr
+    assert "--unsafe-no-sandbox" in refused.stderr
+    assert not (tmp_path / "w1" / "course").exists()
+    unsafe = run_driver(tmp_path / "batch", "--root", tmp_path, "--work", tmp_path / "w2", "--unsafe-no-sandbox",
+                        env=bare)
+    assert unsafe.returncode == 0, unsafe.stdout + unsafe.stderr
+    assert unsafe.stdout.count("UNSAFE") >= 2  # at the start and at the end of the run
+    assert set(read_grades(tmp_path / "w2").sandbox) == {"NONE (unsafe: --unsafe-no-sandbox)"}
 
 
 def test_each_graded_submission_records_its_replayable_seed(pipeline):

@@ -232,6 +232,7 @@ def _read_cache(m: dict, folder: Path, tried: list[str], quiet: bool = False) ->
         return None
     problem = _cache_problem(m, folder)
     if problem is None:
+        _share(folder)
         meta = json.loads((folder / SIDECAR).read_text(encoding="utf-8"))
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         src = meta["source"]
@@ -244,6 +245,18 @@ def _read_cache(m: dict, folder: Path, tried: list[str], quiet: bool = False) ->
     if not quiet:
         warn(f"[artifact] {m['name']}: {message}. Rebuilding it if the source is available.")
     return None
+
+
+def _share(folder: Path) -> None:
+    """Make a verified entry's files readable by every user (0644), as ``atomic_write`` writes them;
+    entries written before it set the mode may be 0600, which a sandboxed grading kernel running
+    as another user cannot read. Best effort: a file we do not own is left as it is."""
+    for path in folder.iterdir():
+        try:
+            if path.is_file() and path.stat().st_mode & 0o044 != 0o044:
+                path.chmod(path.stat().st_mode | 0o044)
+        except OSError:
+            pass
 
 
 def _cache_problem(m: dict, folder: Path) -> str | None:

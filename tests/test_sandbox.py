@@ -1,0 +1,519 @@
+"""Tests of the learner-code sandbox (autograder/sandbox.py).
+
+Notebooks run through nbclient (and once through stock ``nbgrader autograde``) with
+kernels from SandboxKernelManager; the checks run *inside* the kernel and print JSON
+that the tests read back. Skipped, with the reason, where the sandbox cannot run
+(no bubblewrap, not Linux). About 30-40 s on 2 cores (25 s of it in the two tests
+marked slow).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from traitlets.config import Config
+
+REPO = Path(__file__).resolve().parents[1]
+SANDBOX_PY = REPO / "autograder" / "sandbox.py"
+MODULE_NAME = "course_autograder_sandbox"  # the name nbgrader_config_lines() uses too
+
+
+def _load_sandbox():
+    if MODULE_NAME in sys.modules:
+        return sys.modules[MODULE_NAME]
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, SANDBOX_PY)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[MODULE_NAME] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+sb = _load_sandbox()
+AVAILABLE, REASON = sb.sandbox_status()
+needs_sandbox = pytest.mark.skipif(not AVAILABLE, reason=f"sandbox unavailable: {REASON}")
+MiB, GiB = sb.MiB, sb.GiB
+
+
+class RecordingKernelManager(sb.SandboxKernelManager):
+    """SandboxKernelManager that remembers its instances (to read uid / wall-clock flags)."""
+
+    instances: list = []
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        RecordingKernelManager.instances.append(self)
+        self.seen_uid = None
+        self.seen_host_dir = None
+
+    async def _async_launch_kernel(self, kernel_cmd, **kw):
+        self.seen_uid = self.sandbox.uid_inside if self.sandbox else None
+        self.seen_host_dir = self.sandbox.host_dir if self.sandbox else None
+        await super()._async_launch_kernel(kernel_cmd, **kw)
+
+
+def make_client(cells, limits=None, cwd=None, timeout=60, **kwargs) -> NotebookClient:
+    """A NotebookClient for CELLS (sources) whose kernel starts in the sandbox."""
+    nb = new_notebook(cells=[new_code_cell(src) for src in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    config = Config()
+    config.SandboxKernelManager.limits = (limits or sb.SandboxLimits()).to_dict()
+    resources = {"metadata": {"path": str(cwd)}} if cwd else {}
+    return NotebookClient(nb, kernel_manager_class=RecordingKernelManager, config=config, timeout=timeout,
+                          allow_errors=True, resources=resources, **kwargs)
+
+
+def text_of(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+
+
+def json_of(cell) -> dict:
+    """The JSON object a check cell printed last (fails the test with the cell's outputs if none)."""
+    lines = [line for line in text_of(cell).splitlines() if line.startswith("{")]
+    assert lines, f"cell printed no JSON; outputs: {cell.outputs}"
+    return json.loads(lines[-1])
+
+
+def uid_processes(uid: int) -> list[int]:
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat(follow_symlinks=False).st_uid == uid:
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+def wait_no_processes(uid: int, seconds: float = 10) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (left := uid_processes(uid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+# --------------------------------------------------------------------------------------
+# The main isolation notebook: one kernel, every check as a cell
+
+
+LIMITS = sb.SandboxLimits(memory_bytes=3 * GiB, processes=64, file_bytes=8 * MiB,
+                          scratch_bytes=48 * MiB, tmp_bytes=32 * MiB, cpu_seconds=600, wall_seconds=300)
+
+
+def isolation_cells(paths: dict[str, str], host_port: int) -> list[str]:
+    return [
+        # 0: who and where
+        """
+        import errno, json, os, socket
+        print(json.dumps({"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "cwd": os.getcwd(),
+                          "files": sorted(os.listdir(".")), "seed": open("data.txt").read(),
+                          "env": sorted(os.environ), "pids": len([p for p in os.listdir("/proc") if p.isdigit()]),
+                          "repo_listing": sorted(os.listdir(%r))}))
+        """ % paths["repo"],
+        # 1: what is visible
+        """
+        paths = %r
+        print(json.dumps({k: os.path.exists(v) for k, v in paths.items()}))
+        """ % paths,
+        # 2: network
+        """
+        def attempt(host, port):
+            try:
+                socket.create_connection((host, port), timeout=3).close()
+                return "connected"
+            except OSError as exc:
+                return type(exc).__name__
+        def can_listen():
+            s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); port = s.getsockname()[1]
+            c = socket.create_connection(("127.0.0.1", port), timeout=3); c.close(); s.close()
+            return True
+        print(json.dumps({"pypi_by_name": attempt("pypi.org", 443), "pypi_by_ip": attempt("151.101.0.223", 443),
+                          "host_loopback_service": attempt("127.0.0.1", %d), "own_loopback": can_listen(),
+                          "interfaces": [n for _, n in socket.if_nameindex()]}))
+        """ % host_port,
+        # 3: writing outside the scratch folders
+        """
+        def write(path):
+            try:
+                with open(path, "w") as f:
+                    f.write("x")
+                return "written"
+            except OSError as exc:
+                return errno.errorcode.get(exc.errno, str(exc.errno))
+        targets = {"course_lib": %r, "venv": %r, "etc": "/etc/evil", "usr": "/usr/evil", "root": "/evil",
+                   "work_dir": os.path.dirname(os.path.dirname(%r)) + "/evil",
+                   "runtime_dir": %r + "/evil",
+                   "home": "ok_home.txt", "tmp": "/tmp/ok.txt"}
+        print(json.dumps({k: write(v) for k, v in targets.items()}))
+        """ % (paths["course_lib"] + "/evil.py", paths["venv"] + "/evil", paths["venv"], str(sb.runtime_root())),
+        # 4: the course stack works
+        """
+        import torch, course_lib
+        a = torch.arange(6.0).reshape(2, 3)
+        print(json.dumps({"matmul": (a @ a.T).tolist(), "course_lib": course_lib.__file__}))
+        """,
+        # 5: file-size bomb and tmpfs cap
+        """
+        res = {}
+        try:
+            with open("big.bin", "wb") as f:
+                f.write(b"x" * (%d + 1024 * 1024))
+            res["big"] = "written"
+        except OSError as exc:
+            res["big"] = errno.errorcode.get(exc.errno)
+        res["big_size"] = os.path.getsize("big.bin")
+        os.remove("big.bin")
+        n, err = 0, None
+        try:
+            for n in range(100):
+                with open(f"fill{n}.bin", "wb") as f:
+                    f.write(b"y" * (%d - 1))
+        except OSError as exc:
+            err = errno.errorcode.get(exc.errno)
+        res["fill_error"], res["fill_files"] = err, n
+        res["fill_bytes"] = sum(os.path.getsize(p) for p in os.listdir(".") if p.startswith("fill"))
+        for p in os.listdir("."):
+            if p.startswith("fill"):
+                os.remove(p)
+        print(json.dumps(res))
+        """ % (LIMITS.file_bytes, LIMITS.file_bytes),
+        # 6: memory bombs
+        """
+        res = {}
+        try:
+            huge = bytearray(%d)
+            res["one_shot"] = "allocated"
+        except MemoryError:
+            res["one_shot"] = "MemoryError"
+        chunks = []
+        try:
+            while True:
+                chunks.append(b"z" * (64 * 1024 * 1024))
+        except MemoryError:
+            res["gradual"] = "MemoryError"
+        res["gradual_mib"] = 64 * len(chunks)
+        del chunks
+        print(json.dumps(res))
+        """ % (2 * LIMITS.memory_bytes),
+        # 7: fork bomb (in a child, so that this kernel keeps answering)
+        """
+        import subprocess, sys, time
+        BOMB = "import os\\nwhile True:\\n    try:\\n        os.fork()\\n    except OSError:\\n        pass"
+        bomb = subprocess.Popen([sys.executable, "-c", BOMB])
+        time.sleep(3)
+        def my_tasks():  # tasks (threads included) of this uid: what RLIMIT_NPROC counts
+            n = 0
+            for p in os.listdir("/proc"):
+                try:
+                    if p.isdigit() and os.stat(f"/proc/{p}").st_uid == os.getuid():
+                        n += len(os.listdir(f"/proc/{p}/task"))
+                except OSError:
+                    pass
+            return n
+        print(json.dumps({"tasks": my_tasks(), "bomb_running": bomb.poll() is None}))
+        """,
+        # 8: the kernel still answers
+        """
+        print(json.dumps({"alive": True}))
+        """,
+    ]
+
+
+@pytest.mark.slow
+@needs_sandbox
+def test_isolation_limits_and_course_stack(tmp_path):
+    # a fake grading tree: this kernel's shard (notebook + a data file) and a sibling shard
+    shards = tmp_path / "build" / "grading" / "shards"
+    own = shards / "0001" / "autograded" / "alice" / "lab"
+    other = shards / "0002" / "autograded" / "bob" / "lab"
+    for folder in (own, other):
+        folder.mkdir(parents=True)
+        (folder / "lab.ipynb").write_text("{}  # stands for the notebook with hidden tests\n")
+    (own / "data.txt").write_text("seed data")
+    (other / "secret.txt").write_text("bob's work")
+    (own / "link_to_other").symlink_to(other / "secret.txt")
+    os.environ["SANDBOX_TEST_HOST_SECRET"] = "must not be passed"
+    paths = {
+        "repo": str(REPO), "solutions": str(REPO / "solutions"), "autograder": str(REPO / "autograder"),
+        "build": str(REPO / "build"), "gradebook": str(REPO / "autograder" / "work" / "gradebook.db"),
+        "git": str(REPO / ".git"), "own_shard": str(own), "own_notebook": str(own / "lab.ipynb"),
+        "sibling_shard": str(other), "sibling_file": str(other / "secret.txt"), "tmp_path": str(tmp_path),
+        "root_home_ssh": "/root/.ssh", "host_etc_shadow": "/etc/shadow", "course_lib": str(REPO / "course_lib"),
+        "venv": sys.prefix,
+    }
+    assert (REPO / "solutions").is_dir() and (REPO / "autograder").is_dir()
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    host_checks = {}
+
+    def after_cell(cell, cell_index, execute_reply):
+        if cell_index == 7:  # the fork bomb is running now: the host must still work
+            host_checks["true"] = subprocess.run(["/bin/true"]).returncode
+            host_checks["python"] = subprocess.run([sys.executable, "-c", "print(6 * 7)"],
+                                                   capture_output=True, text=True).stdout.strip()
+
+    cells = [textwrap.dedent(c) for c in isolation_cells(paths, listener.getsockname()[1])]
+    client = make_client(cells, limits=LIMITS, cwd=own, on_cell_executed=after_cell, timeout=120)
+    RecordingKernelManager.instances.clear()
+    try:
+        nb = client.execute()
+    finally:
+        listener.close()
+        os.environ.pop("SANDBOX_TEST_HOST_SECRET", None)
+    km = RecordingKernelManager.instances[-1]
+    outs = [json_of(cell) for cell in nb.cells]
+
+    who = outs[0]
+    assert who["uid"] != 0 and who["euid"] != 0 and who["gid"] != 0
+    assert who["uid"] == km.seen_uid
+    assert who["cwd"] == sb.SANDBOX_HOME
+    assert who["seed"] == "seed data"
+    assert "lab.ipynb" not in who["files"] and "link_to_other" not in who["files"]
+    assert "SANDBOX_TEST_HOST_SECRET" not in who["env"] and "JPY_PARENT_PID" not in who["env"]
+    assert who["pids"] < 20, "the kernel sees host processes"
+    assert set(who["repo_listing"]) <= {".venv", "course_lib", "data_manifests"}
+
+    visible = outs[1]
+    # the repository folder exists only as a skeleton holding .venv, course_lib and data_manifests
+    assert visible.pop("course_lib") and visible.pop("venv") and visible.pop("repo")
+    assert not any(visible.values()), f"visible in the sandbox: {[k for k, v in visible.items() if v]}"
+
+    net = outs[2]
+    assert net["pypi_by_name"] != "connected" and net["pypi_by_ip"] != "connected"
+    assert net["host_loopback_service"] == "ConnectionRefusedError"
+    assert net["own_loopback"] is True and net["interfaces"] == ["lo"]
+
+    writes = outs[3]
+    assert writes.pop("home") == "written" and writes.pop("tmp") == "written"
+    assert all(v in ("EROFS", "EACCES", "ENOENT") for v in writes.values()), writes
+
+    stack = outs[4]
+    assert stack["matmul"] == [[5.0, 14.0], [14.0, 50.0]]
+    assert stack["course_lib"].startswith(str(REPO / "course_lib"))
+
+    sizes = outs[5]
+    assert sizes["big"] == "EFBIG" and sizes["big_size"] <= LIMITS.file_bytes
+    assert sizes["fill_error"] == "ENOSPC" and sizes["fill_bytes"] <= LIMITS.scratch_bytes
+
+    memory = outs[6]
+    assert memory["one_shot"] == "MemoryError" and memory["gradual"] == "MemoryError"
+    assert memory["gradual_mib"] * MiB < LIMITS.memory_bytes
+
+    assert outs[7]["bomb_running"] and LIMITS.processes - 8 <= outs[7]["tasks"] <= LIMITS.processes
+    assert outs[8] == {"alive": True}
+    assert host_checks == {"true": 0, "python": "42"}
+    # the whole sandbox (bomb included) is gone, and its host folder too
+    assert wait_no_processes(who["uid"]) == []
+    assert km.sandbox is None and not km.seen_host_dir.exists()
+
+
+@needs_sandbox
+def test_os_exit_gives_dead_kernel_error():
+    client = make_client(["import os\nos._exit(3)", "print('never')"], timeout=30)
+    RecordingKernelManager.instances.clear()
+    start = time.monotonic()
+    with pytest.raises(DeadKernelError):
+        client.execute()
+    assert time.monotonic() - start < 20
+    km = RecordingKernelManager.instances[-1]
+    assert km.sandbox is None  # cleaned up: folder removed, uid returned
+    assert wait_no_processes(km.seen_uid) == []
+
+
+@needs_sandbox
+def test_wall_clock_cap_kills_the_kernel():
+    limits = sb.SandboxLimits(wall_seconds=3)
+    client = make_client(["import time\ntime.sleep(60)"], limits=limits, timeout=60)
+    RecordingKernelManager.instances.clear()
+    start = time.monotonic()
+    with pytest.raises(DeadKernelError):
+        client.execute()
+    assert time.monotonic() - start < 20
+    assert RecordingKernelManager.instances[-1].wall_clock_expired
+
+
+@needs_sandbox
+def test_interrupt_on_timeout_and_output_cap():
+    """nbgrader's Execute flow: a cell past its timeout is interrupted (message-mode
+    interrupt) and the next cells still run; one cell's output is capped."""
+    nb = new_notebook(cells=[new_code_cell("import time\ntime.sleep(60)"),
+                             new_code_cell("for _ in range(50):\n    print('x' * 10000)"),
+                             new_code_cell("print('after')")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    config = Config()
+    config.SandboxKernelManager.limits = sb.SandboxLimits(wall_seconds=120).to_dict()
+    pre = sb.SandboxExecute(config=config, timeout=3, max_output_bytes=50_000)
+    assert pre.kernel_manager_class is sb.SandboxKernelManager
+    start = time.monotonic()
+    nb, _ = pre.preprocess(nb, {})
+    assert time.monotonic() - start < 30
+    assert any(o.output_type == "error" and o.ename == "CellTimeoutError" for o in nb.cells[0].outputs)
+    printed = text_of(nb.cells[1])
+    assert "[sandbox] output truncated" in printed and len(printed) < 70_000
+    assert text_of(nb.cells[2]).strip() == "after"
+
+
+@needs_sandbox
+def test_concurrent_sandboxes_get_their_own_uid():
+    if sb.sandbox_mode() != "root":
+        pytest.skip("uid leases are used in root mode only")
+    with sb.Sandbox() as a, sb.Sandbox() as b:
+        assert a.uid != b.uid and a.uid is not None and b.uid is not None
+        assert a.host_dir != b.host_dir
+    assert not a.host_dir.exists() and not b.host_dir.exists()
+
+
+def test_refuses_without_sandbox_unless_unsafe_flag():
+    real_find = sb._find_tool
+    sb._find_tool = lambda name: None if name == "bwrap" else real_find(name)
+    try:
+        ok, reason = sb.sandbox_status(refresh=True)
+        assert not ok and "bwrap" in reason and sb.INSTALL_COMMAND in reason
+        with pytest.raises(sb.SandboxUnavailableError, match="refusing to grade"):
+            sb.require_sandbox()
+        warning = sb.require_sandbox(allow_unsafe=True)
+        assert "UNSAFE" in warning and "bwrap" in warning
+        # config without the flag: kernels refuse to start
+        c = Config()
+        assert sb.configure_nbgrader(c) == ""
+        assert sb.SandboxExecute in c.Autograde.autograde_preprocessors
+        client = NotebookClient(new_notebook(cells=[new_code_cell("1")]), config=c,
+                                kernel_manager_class=sb.SandboxKernelManager, timeout=30)
+        with pytest.raises(sb.SandboxUnavailableError, match="refusing to start a kernel"):
+            client.execute()
+        # with the flag: a plain kernel runs, and the warning comes back for the driver
+        c = Config()
+        assert "UNSAFE" in sb.configure_nbgrader(c, allow_unsafe=True)
+        client = NotebookClient(new_notebook(cells=[new_code_cell("import os\nprint(os.getuid())")]), config=c,
+                                kernel_manager_class=sb.SandboxKernelManager, timeout=30)
+        nb = client.execute()
+        assert text_of(nb.cells[0]).strip() == str(os.getuid())
+    finally:
+        sb._find_tool = real_find
+        sb.sandbox_status(refresh=True)
+
+
+def test_limits_validation_and_ensure_bwrap_advice():
+    with pytest.raises(ValueError):
+        sb.SandboxLimits(memory_bytes=0)
+    with pytest.raises(ValueError):
+        sb.SandboxLimits.from_dict({"memory": 1})
+    assert sb.SandboxLimits.from_dict({"cpu_seconds": 5}).cpu_seconds == 5
+    with pytest.raises(sb.SandboxError, match="refusing to bind"):
+        sb.default_ro_binds(extra=[REPO])  # would expose solutions/ and autograder/
+    real_find = sb._find_tool
+    sb._find_tool = lambda name: None
+    try:
+        with pytest.raises(sb.SandboxUnavailableError, match="apt-get install -y bubblewrap"):
+            sb.ensure_bwrap()
+    finally:
+        sb._find_tool = real_find
+
+
+# --------------------------------------------------------------------------------------
+# Stock `nbgrader autograde` with the config lines the driver appends
+
+
+LAB = "01_sbx"
+SOLUTION = "def add(a, b):\n    ### BEGIN SOLUTION\n    return a + b\n    ### END SOLUTION"
+VISIBLE_TEST = "assert add(1, 2) == 3"
+HIDDEN_TEST = (
+    "import os\n"
+    "assert add(2, 2) == 4\n"
+    "### BEGIN HIDDEN TESTS\n"
+    "assert not [f for f in os.listdir('.') if f.endswith('.ipynb')], 'the notebook file is visible'\n"
+    "assert os.getuid() != 0\n"
+    "### END HIDDEN TESTS"
+)
+PEEK = ("import json, os\n"
+        "print(json.dumps({'uid': os.getuid(), 'cwd': os.getcwd(),\n"
+        "                  'files': sorted(f for f in os.listdir('.') if not f.startswith('.')),\n"
+        "                  'repo_root': sorted(os.listdir(%r))}))" % str(REPO))
+
+
+def _nbgrader(args, cwd):
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+               TRAITLETS_APPLICATION_RAISE_CONFIG_FILE_ERROR="1")
+    proc = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+@needs_sandbox
+def test_nbgrader_autograde_runs_in_the_sandbox(tmp_path):
+    course = tmp_path / "course"
+    (course / "source" / LAB).mkdir(parents=True)
+    base = REPO / "autograder" / "nbgrader_config.py"
+    lines = [
+        "import os",
+        "c = get_config()  # noqa: F821",
+        f"load_subconfig({base.name!r}, {str(base.parent)!r})",
+        "_root = os.path.dirname(os.path.abspath(__file__))",
+        "c.CourseDirectory.root = _root",
+        'c.CourseDirectory.source_directory = "source"',
+        'c.CourseDirectory.release_directory = "release"',
+        'c.CourseDirectory.submitted_directory = "submitted"',
+        'c.CourseDirectory.autograded_directory = "autograded"',
+        'c.CourseDirectory.feedback_directory = "feedback"',
+        'c.CourseDirectory.solution_directory = "solution"',
+        'c.CourseDirectory.source_with_tests_directory = "source_with_tests"',
+        'c.CourseDirectory.db_url = "sqlite:///" + os.path.join(_root, "gradebook.db")',
+        "c.Execute.timeout = 60",
+        *sb.nbgrader_config_lines(sb.SandboxLimits(wall_seconds=300)),
+    ]
+    (course / "nbgrader_config.py").write_text("\n".join(lines) + "\n")
+
+    def grade_cell(source, cell_id, points=None):
+        cell = new_code_cell(source)
+        meta = {"grade": points is not None, "solution": points is None, "locked": points is not None,
+                "grade_id": cell_id, "schema_version": 3}
+        if points is not None:
+            meta["points"] = points
+        cell.metadata["nbgrader"] = meta
+        return cell
+
+    nb = new_notebook(cells=[new_markdown_cell("# sandbox lab"), grade_cell(SOLUTION, "add"),
+                             grade_cell(VISIBLE_TEST, "test_visible", 1), grade_cell(HIDDEN_TEST, "test_hidden", 2),
+                             new_code_cell(PEEK)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, course / "source" / LAB / f"{LAB}.ipynb")
+
+    _nbgrader(["generate_assignment", LAB, "--force"], course)
+    _nbgrader(["db", "student", "add", "alice"], course)
+    submitted = course / "submitted" / "alice" / LAB
+    shutil.copytree(course / "release" / LAB, submitted)
+    answer = nbformat.read(submitted / f"{LAB}.ipynb", as_version=4)
+    answer.cells[1].source = "def add(a, b):\n    return a + b"  # the learner's solution
+    nbformat.write(answer, submitted / f"{LAB}.ipynb")
+    (submitted / "notes.txt").write_text("alice's extra file")
+    log = _nbgrader(["autograde", LAB, "--student", "alice"], course)
+
+    graded = nbformat.read(course / "autograded" / "alice" / LAB / f"{LAB}.ipynb", as_version=4)
+    peek = json_of(graded.cells[-1])
+    assert peek["uid"] != 0 and peek["cwd"] == sb.SANDBOX_HOME
+    assert peek["files"] == ["notes.txt"]
+    assert set(peek["repo_root"]) <= {".venv", "course_lib", "data_manifests"}
+    assert not any(o.output_type == "error" for cell in graded.cells if cell.cell_type == "code"
+                   for o in cell.outputs), log
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", "llm-inference-lab") as gb:
+        submission = gb.find_submission(LAB, "alice")
+        assert (submission.score, submission.max_score) == (3.0, 3.0)
