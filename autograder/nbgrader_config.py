@@ -114,3 +114,16 @@ c.Autograde.autograde_preprocessors = [
     AssignLatePenalties,
     CheckCellMetadata,
 ]
+
+# --- Feedback: learners see their code, the visible checks and every result, not the hidden tests
+# Stock generate_feedback renders the autograded notebook, whose test cells hold the hidden tests
+# (restored from the source). ClearHiddenTests removes the ### BEGIN/END HIDDEN TESTS regions
+# before rendering and RedactHiddenTracebacks removes them from tracebacks, which quote the cell;
+# the outputs (pass, or the contract's message) stay. An instructor who wants the full cells in
+# the feedback sets COURSE_FEEDBACK_SHOWS_HIDDEN_TESTS=1.
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
+from nbgrader.preprocessors import ClearHiddenTests, GetGrades  # noqa: E402
+
+if os.environ.get("COURSE_FEEDBACK_SHOWS_HIDDEN_TESTS") != "1":
+    c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, _module.RedactHiddenTracebacks,
+                                        CSSHTMLHeaderPreprocessor]

@@ -9,8 +9,10 @@ submissions (`--jobs 1` and `--jobs 2`) and every test reads those two runs.
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import json
+import re
 import os
 import subprocess
 import sys
@@ -267,12 +269,31 @@ def test_feedback_and_inputs(pipeline):
     assert str(feedback) in pipeline["serial"].stdout
     for learner in ("alice", "bob", "carol", "dave", COMMA_LEARNER, "frank"):
         assert (feedback / learner / LAB / f"{LAB}.html").is_file()
+    # the learner sees their code and the visible test, not the hidden one (its result stays)
+    text = html.unescape(re.sub(r"<[^>]+>", "", (feedback / "carol" / LAB / f"{LAB}.html").read_text()))
+    assert "a + b if a >= 0 else 0" in text and "assert add(0, 0) == 0" in text
+    assert "add(-1, 5)" not in text and "HIDDEN TESTS" not in text
+    assert "AssertionError" in text
     root = pipeline["root"]
     # the driver never writes into the submissions, the source or the committed release
     assert snapshot(pipeline["submissions"], root / "solutions", root / "release") == pipeline["before"]
 
 
 # ---- fast checks, no notebook execution ----------------------------------------------
+
+
+def test_hidden_lines_are_redacted_from_tracebacks():
+    spec = importlib.util.spec_from_file_location("course_preprocessors_test", REPO / "autograder" / "preprocessors.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    frame = ("\x1b[0;32m      1\x1b[0m assert add(0, 0) == 0\n"
+             "\x1b[0;32m      2\x1b[0m ### BEGIN HIDDEN TESTS\n"
+             "\x1b[0;32m----> 3\x1b[0m assert add(-1, 5) == 4\n"
+             "      4 ### END HIDDEN TESTS\n      5 print('done')")
+    out = module.redact_hidden_lines(frame)
+    assert "add(-1, 5)" not in out and "HIDDEN" not in out
+    assert "add(0, 0)" in out and "print('done')" in out and module.REDACTED in out
+    assert "secret" not in module.redact_hidden_lines("### BEGIN HIDDEN TESTS\nsecret")  # unterminated
 
 
 def test_stderr_preprocessor_changes_the_stock_grade():
