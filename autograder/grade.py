@@ -404,6 +404,22 @@ def read_scores(db: Path, course_id: str, row: Submission) -> None:
         ]
 
 
+def kernel_death(notebook: Path) -> str:
+    """'' or a note naming the cell where the sandbox recorded that the kernel died (the cells
+    graded before it kept their scores; the later ones scored 0)."""
+    try:
+        nb = json.loads(notebook.read_text())
+    except (OSError, ValueError):
+        return ""
+    for index, cell in enumerate(nb.get("cells", [])):
+        for output in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+            if output.get("output_type") == "error" and output.get("ename") == "KernelDied":
+                grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+                where = f"cell {index}" + (f" ({grade_id})" if grade_id else "")
+                return f"kernel died in {where}; later cells were not run (0 points)"
+    return ""
+
+
 def lab_max_scores(db: Path, course_id: str, labs: list[str]) -> dict[str, float]:
     from nbgrader.api import Gradebook
 
@@ -430,6 +446,7 @@ def grade_shard(course: Path, row: Submission, course_id: str, env: dict[str, st
             return
         read_scores(shard / "gradebook.db", course_id, row)
         row.graded = True
+        row.error = kernel_death(shard / "autograded" / row.learner / row.lab / f"{row.lab}.ipynb")
     finally:
         row.seconds = time.monotonic() - start
 

@@ -944,6 +944,16 @@ try:
 except ImportError:  # pragma: no cover - nbgrader is a course dependency
     _Execute = None  # type: ignore[assignment, misc]
 
+#: ``ename`` of the error recorded in a cell whose kernel died, and in the cells after it.
+KERNEL_DIED = "KernelDied"
+
+
+def _kernel_died_output(message: str) -> Any:
+    from nbformat.v4 import new_output
+
+    return new_output("error", ename=KERNEL_DIED, evalue=message, traceback=[f"{KERNEL_DIED}: {message}"])
+
+
 if _Execute is not None:
     class SandboxExecute(_Execute):
         """nbgrader's Execute with kernels from SandboxKernelManager and a cap on the
@@ -958,6 +968,27 @@ if _Execute is not None:
             super().__init__(**kwargs)
             self._sandbox_out: dict[int, int] = {}
             self._sandbox_truncated: set[int] = set()
+            self._kernel_died_in: int | None = None
+
+        def preprocess_cell(self, cell: Any, resources: Any, index: int) -> Any:
+            """Run one cell; when the kernel dies (os._exit, a segfault, a resource cap), record a
+            ``KernelDied`` error in that cell and in every later code cell instead of aborting
+            the notebook, so the cells graded before keep their scores and the later ones score
+            0 with a reason. (nbconvert's ExecutePreprocessor calls the synchronous
+            ``execute_cell`` from here, so this is the hook that sees the exception.)"""
+            if self._kernel_died_in is not None:
+                if cell.cell_type == "code":
+                    cell.outputs = [_kernel_died_output(f"not run: the kernel died in cell {self._kernel_died_in}")]
+                return cell, resources
+            from nbclient.exceptions import DeadKernelError
+
+            try:
+                return super().preprocess_cell(cell, resources, index)
+            except DeadKernelError:
+                self._kernel_died_in = index
+                cell.outputs = list(cell.get("outputs", [])) + [_kernel_died_output(
+                    "the kernel died while this cell ran (os._exit, a crash, or a sandbox limit)")]
+                return cell, resources
 
         def _reset_output_count(self, cell_index: int) -> None:
             self._sandbox_out.pop(cell_index, None)

@@ -57,8 +57,10 @@ ANSWERS = {
               "        time.sleep(3600)  # hangs in the hidden test only\n"
               "    return a + b"),
     "gina": "import os\ndef add(a, b):\n    os._exit(1)  # kills the kernel",
+    "hank": "import os\ndef add(a, b):\n    if a < 0:\n        os._exit(1)  # dies in the hidden test only\n    return a + b",
 }
-EXPECTED_TOTALS = {"alice": 3, "bob": 0, "carol": 1, "dave": 3, "eve": 0, COMMA_LEARNER: 3, "frank": 1, "gina": 0}
+EXPECTED_TOTALS = {"alice": 3, "bob": 0, "carol": 1, "dave": 3, "eve": 0, COMMA_LEARNER: 3, "frank": 1, "gina": 0,
+                   "hank": 1}
 
 
 def load_driver():
@@ -179,15 +181,17 @@ def test_serial_run_matches_expected_scores(pipeline):
     grades = read_grades(pipeline["work1"]).set_index("learner")
     assert grades["score"].to_dict() == {k: float(v) for k, v in EXPECTED_TOTALS.items()}
     assert set(grades["max_score"]) == {3.0}
-    ok = [k for k in EXPECTED_TOTALS if k not in ("eve", "gina")]
+    ok = [k for k in EXPECTED_TOTALS if k not in ("eve", "gina", "hank")]
     assert (grades.loc[ok, "error"] == "").all()
 
 
 def test_bad_submissions_become_row_errors(pipeline):
     grades = read_grades(pipeline["work1"]).set_index("learner")
     assert "not valid JSON" in grades.loc["eve", "error"]
-    assert "autograde failed" in grades.loc["gina", "error"]
-    assert "DeadKernelError" in grades.loc["gina", "error"]
+    # os._exit in the first test cell: graded, that cell and every later one 0, the death reported
+    assert "kernel died in cell" in grades.loc["gina", "error"] and "test_visible" in grades.loc["gina", "error"]
+    # dying in the hidden test keeps the visible test's point
+    assert "kernel died in cell" in grades.loc["hank", "error"] and "test_hidden" in grades.loc["hank", "error"]
 
 
 def test_cell_timeout_fails_only_that_cell(pipeline):
