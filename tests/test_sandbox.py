@@ -155,11 +155,11 @@ def isolation_cells(paths: dict[str, str], host_port: int) -> list[str]:
             except OSError as exc:
                 return errno.errorcode.get(exc.errno, str(exc.errno))
         targets = {"course_lib": %r, "venv": %r, "etc": "/etc/evil", "usr": "/usr/evil", "root": "/evil",
-                   "work_dir": os.path.dirname(os.path.dirname(%r)) + "/evil",
+                   "repo": %r + "/evil",
                    "runtime_dir": %r + "/evil",
                    "home": "ok_home.txt", "tmp": "/tmp/ok.txt"}
         print(json.dumps({k: write(v) for k, v in targets.items()}))
-        """ % (paths["course_lib"] + "/evil.py", paths["venv"] + "/evil", paths["venv"], str(sb.runtime_root())),
+        """ % (paths["course_lib"] + "/evil.py", paths["venv"] + "/evil", paths["repo"], str(sb.runtime_root())),
         # 4: the course stack works
         """
         import torch, course_lib
