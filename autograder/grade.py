@@ -22,9 +22,12 @@ SUBMISSIONS is laid out like nbgrader's ``submitted`` folder:
     shards/NNNN/               one small course per (learner, lab): autograde and
                                generate_feedback run there, one process each
     logs/                      nbgrader output per step
-    grades.csv                 learner, lab, score, max_score, error, seed, sandbox  (this driver's
-                               table; seed: the COURSE_GRADING_SEED of that submission's hidden
-                               tests; sandbox: bubblewrap, or NONE with --unsafe-no-sandbox)
+    grades.csv                 learner, lab, score, max_score, error, seed, judge_flags, sandbox
+                               (this driver's table; seed: the COURSE_GRADING_SEED of that
+                               submission's hidden tests; judge_flags: graded cells where the
+                               in-kernel result and the judge disagreed; sandbox: bubblewrap, or
+                               NONE with --unsafe-no-sandbox)
+    judge_disagreements.csv    one row per such cell: in-kernel result, judge verdict, message
     grades_per_test.csv        with --per-test: learner, lab, cell, score, max_score
 
 Why shards: nbgrader's gradebook is one sqlite file. Parallel ``nbgrader autograde
@@ -97,6 +100,7 @@ class Submission:
     shard: Path | None = None  # the course copy it was graded in
     timestamp: object = None  # submission time nbgrader read from timestamp.txt, if any
     seed: int | None = None  # COURSE_GRADING_SEED its hidden tests ran with
+    judge_flags: list[dict] = field(default_factory=list)  # cells where the kernel and the judge disagreed
 
 
 # --------------------------------------------------------------------------------------
@@ -248,6 +252,17 @@ def load_sandbox():
     name = "course_autograder_sandbox"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "sandbox.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def load_judge():
+    """autograder/judge.py as a module (loaded by path, under the name its config lines use)."""
+    name = "course_autograder_judge"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "judge.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -444,6 +459,9 @@ def grade_shard(course: Path, row: Submission, course_id: str, env: dict[str, st
         if code != 0:
             row.error = f"autograde failed: {why}"
             return
+        judge = load_judge()
+        records = judge.read_verdicts(shard / "autograded" / row.learner / row.lab, row.learner, row.lab)
+        row.judge_flags = judge.apply_verdicts(f"sqlite:///{shard / 'gradebook.db'}", records, course_id=course_id)
         read_scores(shard / "gradebook.db", course_id, row)
         row.graded = True
         row.error = kernel_death(shard / "autograded" / row.learner / row.lab / f"{row.lab}.ipynb")
@@ -529,9 +547,9 @@ def check_merge(course: Path, rows: list[Submission], course_id: str) -> None:
 def totals_table(rows: list[Submission]) -> pd.DataFrame:
     return pd.DataFrame(
         [{"learner": r.learner, "lab": r.lab, "score": r.score, "max_score": r.max_score, "error": r.error,
-          "seed": r.seed}
+          "seed": r.seed, "judge_flags": len(r.judge_flags)}
          for r in sorted(rows, key=lambda r: (r.learner, r.lab))],
-        columns=["learner", "lab", "score", "max_score", "error", "seed"],
+        columns=["learner", "lab", "score", "max_score", "error", "seed", "judge_flags"],
     ).astype({"seed": "Int64"})
 
 
@@ -631,8 +649,9 @@ def run(args: argparse.Namespace) -> int:
         raise InfrastructureError(f"{exc} (make sandbox installs it; the flag is --unsafe-no-sandbox)") from None
     if unsafe:
         print(unsafe, flush=True)
+    # the judge's lines come after the sandbox's: they wrap the (sandboxed) Execute step
     sandbox_lines = sandbox.nbgrader_config_lines(sandbox.SandboxLimits(wall_seconds=args.submission_timeout),
-                                                  allow_unsafe=args.unsafe_no_sandbox)
+                                                  allow_unsafe=args.unsafe_no_sandbox) + load_judge().nbgrader_config_lines()
     prepare_work(args.work, args.root, args.submissions)
     env = nbgrader_env(args.jobs)
 
@@ -668,11 +687,17 @@ def run(args: argparse.Namespace) -> int:
     totals, cells = totals_table(rows), cells_table(rows)
     totals["sandbox"] = "NONE (unsafe: --unsafe-no-sandbox)" if unsafe else "bubblewrap"
     totals.to_csv(args.work / "grades.csv", index=False)
+    flags = pd.DataFrame([f for r in rows for f in r.judge_flags],
+                         columns=["learner", "lab", "notebook", "cell", "points", "in_kernel", "judge", "score",
+                                  "message"])
+    flags.to_csv(args.work / "judge_disagreements.csv", index=False)
     print("\nGrades:\n" + show(totals))
     if args.per_test:
         cells.to_csv(args.work / "grades_per_test.csv", index=False)
         print("\nPer graded cell:\n" + show(cells))
     print(f"\nGrades CSV:    {args.work / 'grades.csv'}")
+    print(f"Judge flags:   {args.work / 'judge_disagreements.csv'} ({len(flags)} cell(s) where the learner's "
+          "kernel and the judge disagreed)")
     if args.per_test:
         print(f"Per-test CSV:  {args.work / 'grades_per_test.csv'}")
     print(f"Feedback HTML: {course / 'feedback'}  ({{learner}}/{{lab}}/{{lab}}.html)")

@@ -186,3 +186,26 @@ def test_rope_accepts_any_correct_float32_formula():
     for seed in range(10):
         lab02.check_apply_rope(literal, seed, cases=8)
         lab02.check_apply_rope(lambda x, p, t: lab02._rope64(x, p, t).float(), seed, cases=8)
+
+
+def test_mutating_the_inputs_a_checker_reads_does_not_pass():
+    """Rewriting cache.length inside measured_fn, or zeroing the K/V handed to paged_append, once
+    fooled the checkers (they read those objects after the call); now they fail."""
+    def measured_length_trick(cache):
+        cache.length = 0
+        return 0
+
+    with pytest.raises(ContractError):
+        lab02.check_kv_cache_bytes(ref.kv_cache_bytes, measured_length_trick, seed=0)
+
+    def append_zeroing(pool, seq, k, v):
+        seq.length += k.shape[0]
+        k.zero_()
+        v.zero_()
+
+    def read_zeros(pool, seq):
+        shape = (seq.length, pool.n_kv_heads, pool.head_dim)
+        return torch.zeros(shape), torch.zeros(shape)
+
+    with pytest.raises((ContractError, ValueError)):  # refused by the checker or by the pool's own checks
+        lab02.check_paged(append_zeroing, read_zeros, seed=0)

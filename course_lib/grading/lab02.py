@@ -282,7 +282,8 @@ def check_kv_cache_bytes(formula_fn: Callable, measured_fn: Callable, seed: int 
         cache = KVCache.for_model(config, batch=batch, max_len=64, dtype=dtype)
         cache.length = rng.randint(1, 64)
         itemsize = torch.empty((), dtype=dtype).element_size()
-        check_bytes(measured_fn(cache), kv_cache_terms(config, cache.length, itemsize, batch),
+        terms = kv_cache_terms(config, cache.length, itemsize, batch)  # before the call: it may mutate cache
+        check_bytes(measured_fn(cache), terms,
                     what=f"measured_kv_bytes(case {case}: a {dtype} cache, batch {batch}, {cache.length} filled "
                          f"of {cache.max_len} slots)")
 
@@ -394,12 +395,13 @@ def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: in
         cut = rng.randint(1, P - 1)                                  # the prefix arrives in two appends
 
         def replay(pool, append, fork):
+            # clones: the truth tensors below must not be reachable (and zeroable) by the append
             a = PagedSequence()
-            append(pool, a, prefix[0][:cut], prefix[1][:cut])
-            append(pool, a, prefix[0][cut:], prefix[1][cut:])
+            append(pool, a, prefix[0][:cut].clone(), prefix[1][:cut].clone())
+            append(pool, a, prefix[0][cut:].clone(), prefix[1][cut:].clone())
             a_table_before = list(a.block_table)
             b = fork(a)
-            append(pool, b, *tail_b)
+            append(pool, b, tail_b[0].clone(), tail_b[1].clone())
             return a, b, a_table_before
 
         ref_pool = BlockPool(64, bs, n_kv, D)
@@ -442,7 +444,7 @@ def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: in
         if b.block_table[full] == a_table[full]:
             raise ContractError(f"{label}: the fork wrote into the shared, partially filled block {a_table[full]} "
                                 "instead of copying it first (copy-on-write)")
-        append_fn(pool, a, *tail_a)
+        append_fn(pool, a, tail_a[0].clone(), tail_a[1].clone())
         read(a, "the original sequence", (torch.cat([prefix[0], tail_a[0]]), torch.cat([prefix[1], tail_a[1]])))
         read(b, "the fork", truth_b)
         if sorted(pool.ref_counts) != sorted(ref_pool.ref_counts) or pool.num_free != ref_pool.num_free:
