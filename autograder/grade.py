@@ -247,26 +247,25 @@ def prepare_work(work: Path, root: Path, submissions: Path) -> None:
     (work / WORK_MARKER).write_text("made by autograder/grade.py; emptied at every run\n")
 
 
-def load_sandbox():
-    """autograder/sandbox.py as a module (loaded by path, under the name its config lines use)."""
-    name = "course_autograder_sandbox"
+def _load_sibling(name: str, filename: str):
+    """autograder/FILENAME as module NAME, loaded by path once (the generated nbgrader configs
+    load it under the same name, so driver and config share one module object)."""
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "sandbox.py")
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / filename)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def load_sandbox():
+    """autograder/sandbox.py (bubblewrap kernels for learner code)."""
+    return _load_sibling("course_autograder_sandbox", "sandbox.py")
 
 
 def load_judge():
-    """autograder/judge.py as a module (loaded by path, under the name its config lines use)."""
-    name = "course_autograder_judge"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "judge.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """autograder/judge.py (verdicts computed outside the learner's kernel)."""
+    return _load_sibling("course_autograder_judge", "judge.py")
 
 
 def write_course_config(course: Path, cell_timeout: int | None, sandbox_lines: list[str] = ()) -> None:
