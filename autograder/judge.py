@@ -366,18 +366,23 @@ class KernelSession:
         if self.msg_id is None or not self.usable:
             self.msg_id, self.pending = None, False
             return
-        deadline = time.monotonic() + timeout
+        try:
+            self._drain(time.monotonic() + timeout)
+        except CallTimeout:
+            self._abort()
+        except JudgeError:
+            pass
+
+    def _drain(self, deadline: float) -> None:
+        """Ask the harness to end (answering any pending request with "end") until the cell
+        finishes; returns then, and raises what ``_next`` raises (a timeout, a dead kernel)."""
         try:
             while True:
                 if self.pending:
                     self._reply({"op": "end"})
                 self._next(deadline)
         except _SessionEnded:
-            pass
-        except CallTimeout:
-            self._abort()
-        except JudgeError:
-            pass
+            return
 
     def shutdown(self) -> None:
         with contextlib.suppress(Exception):
@@ -393,14 +398,8 @@ class KernelSession:
         if self.interrupt is not None:
             with contextlib.suppress(Exception):
                 self.interrupt()
-        deadline = time.monotonic() + self.interrupt_grace
         try:
-            while True:
-                if self.pending:
-                    self._reply({"op": "end"})
-                self._next(deadline)
-        except _SessionEnded:
-            return
+            self._drain(time.monotonic() + self.interrupt_grace)
         except CallTimeout:
             self.wedged = True
             self.msg_id, self.pending = None, False
