@@ -1083,17 +1083,25 @@ def _make_mixin():
 
         def preprocess_cell(self, cell, resources, index):
             self._judge_index = index
+            restarts = getattr(self, "_restarts", 0)
             cell, resources = super().preprocess_cell(cell, resources, index)
+            if getattr(self, "_restarts", 0) != restarts and self._judge_session is not None:
+                self._judge_session.shutdown()     # SandboxExecute restarted a wedged kernel: reconnect
+                self._judge_session = None
             meta = cell.get("metadata", {}).get("nbgrader", {})
             if self.enabled_judge and cell.get("cell_type") == "code" and meta.get("grade") \
                     and not meta.get("solution"):
                 died_in = getattr(self, "_kernel_died_in", None)   # SandboxExecute: the kernel is gone
-                if died_in is not None:
+                timed_out = any(o.get("output_type") == "error" and o.get("ename") == "CellTimeoutError"
+                                for o in cell.get("outputs", []))
+                if died_in is not None or timed_out:
+                    # the cell scores 0 already; judging it again would only spend another timeout
                     self._judge_verdicts.append({
                         "grade_id": meta.get("grade_id", ""), "status": ERROR, "checks": [], "kernel_only": 0,
                         "seconds": 0.0, "points": float(meta.get("points", 0) or 0),
                         "in_kernel_passed": _in_kernel_passed(cell), "kernel_seconds": None, "disagrees": False,
-                        "message": f"not judged: the kernel died in cell {died_in}"})
+                        "message": f"not judged: the kernel died in cell {died_in}" if died_in is not None
+                        else "not judged: the cell timed out in the kernel"})
                 else:
                     self._judge(cell, resources or self._judge_resources)
             return cell, resources

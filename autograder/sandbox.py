@@ -74,6 +74,9 @@ logged and skipped.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import copy
 import errno
 import fcntl
 import importlib.util
@@ -86,6 +89,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -727,6 +731,7 @@ def run_sandboxed(command: Sequence[str], limits: SandboxLimits | None = None, *
 
 from jupyter_client.kernelspec import KernelSpec  # noqa: E402
 from jupyter_client.manager import AsyncKernelManager  # noqa: E402
+from jupyter_core.utils import ensure_async, run_sync  # noqa: E402
 from traitlets import Bool, Dict, Integer, List, Unicode  # noqa: E402
 
 
@@ -948,20 +953,41 @@ except ImportError:  # pragma: no cover - nbgrader is a course dependency
 KERNEL_DIED = "KernelDied"
 
 
-def _kernel_died_output(message: str) -> Any:
+def _error_output(ename: str, message: str) -> Any:
+    """An nbformat error output ENAME: MESSAGE (what SaveAutoGrades counts as a failed cell)."""
     from nbformat.v4 import new_output
 
-    return new_output("error", ename=KERNEL_DIED, evalue=message, traceback=[f"{KERNEL_DIED}: {message}"])
+    return new_output("error", ename=ename, evalue=message, traceback=[f"{ename}: {message}"])
+
+
+def _kernel_died_output(message: str) -> Any:
+    return _error_output(KERNEL_DIED, message)
 
 
 if _Execute is not None:
     class SandboxExecute(_Execute):
         """nbgrader's Execute with kernels from SandboxKernelManager and a cap on the
         output one cell may add (``max_output_bytes``; past it, output is dropped and one
-        "[sandbox] output truncated" line is added). Every ``c.Execute`` setting applies."""
+        "[sandbox] output truncated" line is added). Every ``c.Execute`` setting applies.
+
+        What a cell can do to the notebook's grading is bounded:
+
+        - a kernel that dies (os._exit, a segfault, a cap) records ``KernelDied`` in that
+          cell and every later code cell: earlier cells keep their scores, later ones score 0;
+        - a cell past ``timeout`` is interrupted; if it ignores the interrupt (SIGINT
+          ignored or swallowed), the kernel is killed and restarted, the cells before it are
+          run again in the new kernel (their outputs kept from the first run), the cell gets a
+          ``CellTimeoutError`` and the notebook goes on. This happens at most
+          ``max_kernel_restarts`` times; after that, later cells are recorded as not run;
+        - an ``input_request`` while stdin is off (learner code calling ipykernel's private
+          ``_input_request``) interrupts the cell within a second instead of waiting for the
+          timeout.
+        """
 
         max_output_bytes = Integer(16 * MiB, help="Bytes of output one cell may add to the notebook"
                                    ).tag(config=True)
+        max_kernel_restarts = Integer(1, help="Times a kernel wedged by a cell that ignores the timeout "
+                                      "interrupt is killed, restarted and replayed up to that cell").tag(config=True)
 
         def __init__(self, **kwargs: Any) -> None:
             kwargs.setdefault("kernel_manager_class", SandboxKernelManager)
@@ -969,26 +995,118 @@ if _Execute is not None:
             self._sandbox_out: dict[int, int] = {}
             self._sandbox_truncated: set[int] = set()
             self._kernel_died_in: int | None = None
+            self._not_run_reason = ""
+            self._ran: list[tuple[int, Any]] = []     # (index, pristine copy) of every code cell run
+            self._restarts = 0
+            self._current_index: int | None = None
+            self._input_refused: set[int] = set()
 
         def preprocess_cell(self, cell: Any, resources: Any, index: int) -> Any:
-            """Run one cell; when the kernel dies (os._exit, a segfault, a resource cap), record a
-            ``KernelDied`` error in that cell and in every later code cell instead of aborting
-            the notebook, so the cells graded before keep their scores and the later ones score
-            0 with a reason. (nbconvert's ExecutePreprocessor calls the synchronous
-            ``execute_cell`` from here, so this is the hook that sees the exception.)"""
+            """Run one cell under the rules in the class docstring. (nbconvert's
+            ExecutePreprocessor calls the synchronous ``execute_cell`` from here, so this is
+            the hook that sees nbclient's exceptions.)"""
             if self._kernel_died_in is not None:
                 if cell.cell_type == "code":
-                    cell.outputs = [_kernel_died_output(f"not run: the kernel died in cell {self._kernel_died_in}")]
+                    cell.outputs = [_kernel_died_output(self._not_run_reason
+                                                        or f"not run: the kernel died in cell {self._kernel_died_in}")]
                 return cell, resources
-            from nbclient.exceptions import DeadKernelError
+            from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
+            if cell.cell_type == "code":
+                pristine = copy.deepcopy(cell)
+                pristine.outputs = []
+                self._ran.append((index, pristine))
+            self._current_index = index
             try:
-                return super().preprocess_cell(cell, resources, index)
+                cell, resources = super().preprocess_cell(cell, resources, index)
             except DeadKernelError:
                 self._kernel_died_in = index
                 cell.outputs = list(cell.get("outputs", [])) + [_kernel_died_output(
                     "the kernel died while this cell ran (os._exit, a crash, or a sandbox limit)")]
                 return cell, resources
+            except CellTimeoutError:
+                cell.outputs = list(cell.get("outputs", [])) + [_error_output(
+                    "CellTimeoutError", f"this cell ran past its {self.timeout} s limit and ignored the interrupt; "
+                    "its kernel was killed")]
+                self._recover_from_wedged_kernel(index, resources)
+                return cell, resources
+            finally:
+                self._current_index = None
+            if index in self._input_refused:
+                cell.outputs.append(_error_output(
+                    "StdinNotImplementedError", "the cell asked for input (input_request) while grading, where "
+                    "there is no stdin; it was interrupted"))
+            return cell, resources
+
+        def _recover_from_wedged_kernel(self, index: int, resources: Any) -> None:
+            """Kill the kernel that ignored the timeout interrupt; restart it and rerun the code
+            cells before INDEX (outputs discarded) so the notebook goes on, or, past
+            ``max_kernel_restarts`` or if that fails, record the later cells as not run."""
+            if self._restarts < self.max_kernel_restarts:
+                self._restarts += 1
+                try:
+                    run_sync(self.km.restart_kernel)(now=True)
+                    run_sync(self.kc.wait_for_ready)(timeout=60)
+                    self._wait_iopub_ready()
+                    for earlier, pristine in self._ran:
+                        if earlier < index:
+                            self._reset_output_count(earlier)
+                            super().preprocess_cell(copy.deepcopy(pristine), resources, earlier)
+                            self._reset_output_count(earlier)
+                    self.log.warning("sandbox: cell %d ignored the timeout interrupt; the kernel was restarted "
+                                     "and cells before it were run again", index)
+                    return
+                except Exception as exc:  # a second wedge or a failed restart: stop here
+                    self.log.error("sandbox: could not restart and replay after cell %d: %s", index, exc)
+            with contextlib.suppress(Exception):
+                run_sync(self.km.shutdown_kernel)(now=True)
+            self._kernel_died_in = index
+            self._not_run_reason = (f"not run: cell {index} ignored the timeout interrupt and its kernel was "
+                                    "killed")
+
+        def _wait_iopub_ready(self, tries: int = 20) -> None:
+            """After a restart the client's iopub subscription reconnects on its own and misses
+            what is published before; execute empty requests until one's idle status arrives."""
+            get = run_sync(self.kc.iopub_channel.get_msg)
+            get_reply = run_sync(self.kc.shell_channel.get_msg)
+            for _ in range(tries):
+                msg_id = self.kc.execute("", silent=True, store_history=False)
+                deadline = time.monotonic() + 1.0
+                while time.monotonic() < deadline:
+                    try:
+                        msg = get(timeout=0.2)
+                    except Exception:
+                        continue
+                    if msg.get("parent_header", {}).get("msg_id") == msg_id and msg.get("msg_type") == "status" \
+                            and msg.get("content", {}).get("execution_state") == "idle":
+                        with contextlib.suppress(Exception):
+                            while True:
+                                get_reply(timeout=0.2)
+                        return
+            raise SandboxError("the restarted kernel's output channel did not come back")
+
+        async def _async_poll_kernel_alive(self) -> None:
+            """nbclient's once-a-second liveness poll, plus: an input_request on stdin (which is
+            off while grading) interrupts the running cell."""
+            from nbclient.exceptions import DeadKernelError
+            from queue import Empty
+
+            while True:
+                await asyncio.sleep(1)
+                try:
+                    await self._async_check_alive()
+                except DeadKernelError:
+                    assert self.task_poll_for_reply is not None
+                    self.task_poll_for_reply.cancel()
+                    return
+                while True:
+                    try:
+                        msg = await ensure_async(self.kc.stdin_channel.get_msg(timeout=0))
+                    except (Empty, Exception):
+                        break
+                    if msg.get("msg_type") == "input_request" and self._current_index is not None:
+                        self._input_refused.add(self._current_index)
+                        await ensure_async(self.km.interrupt_kernel())
 
         def _reset_output_count(self, cell_index: int) -> None:
             self._sandbox_out.pop(cell_index, None)

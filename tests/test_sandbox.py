@@ -369,6 +369,38 @@ def test_interrupt_on_timeout_and_output_cap():
     assert text_of(nb.cells[2]).strip() == "after"
 
 
+WEDGE = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
+
+
+@needs_sandbox
+def test_cell_ignoring_the_interrupt_and_stray_input_request():
+    """A cell that ignores the timeout interrupt gets CellTimeoutError, its kernel is killed
+    and restarted with the earlier cells replayed, so later cells still see their state; a
+    second such cell (past max_kernel_restarts=1) leaves the rest not run. An input_request
+    sent behind nbclient's back (stdin is off) interrupts its cell within seconds."""
+    ask = ("k = get_ipython().kernel\n"
+           "k._input_request('answer?', k._parent_ident['shell'], k.get_parent('shell'))\nprint('answered')")
+    sources = ["x = 41", WEDGE, "print(x + 1)", ask, "print('after input')", WEDGE, "print('never')"]
+    nb = new_notebook(cells=[new_code_cell(src) for src in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    config = Config()
+    config.SandboxKernelManager.limits = sb.SandboxLimits(wall_seconds=300).to_dict()
+    pre = sb.SandboxExecute(config=config, timeout=4, iopub_timeout=3)
+    start = time.monotonic()
+    nb, _ = pre.preprocess(nb, {})
+    assert time.monotonic() - start < 120   # two 4 s timeouts, 3 s iopub waits, one restart
+
+    def errors(cell):
+        return [o.ename for o in cell.outputs if o.output_type == "error"]
+
+    assert errors(nb.cells[1]) == ["CellTimeoutError"]
+    assert text_of(nb.cells[2]) == "42\n"                      # replayed state in the new kernel
+    assert "StdinNotImplementedError" in errors(nb.cells[3]) and "answered" not in text_of(nb.cells[3])
+    assert text_of(nb.cells[4]) == "after input\n"
+    assert errors(nb.cells[5]) == ["CellTimeoutError"]
+    assert errors(nb.cells[6]) == [sb.KERNEL_DIED] and "cell 5" in nb.cells[6].outputs[0].evalue
+
+
 @needs_sandbox
 def test_concurrent_sandboxes_get_their_own_uid():
     if sb.sandbox_mode() != "root":
