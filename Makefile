@@ -21,15 +21,15 @@ export HF_HUB_OFFLINE ?= 1
 # nbgrader runs helper programs (alembic) by name: the venv must come first on PATH.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help setup sandbox model run test test-lib test-notebooks test-grading lab release samples grade clean
+.PHONY: help setup sandbox model run test test-lib test-notebooks test-grading test-hostile lab release samples hostile grade clean
 
 help:
 	@echo "make run     execute the solution notebooks, regenerate labs/, grade the sample submissions"
-	@echo "make test    library tests, nbval on solutions/, labs/ in sync, grading of the samples"
+	@echo "make test    library tests, nbval on solutions/, labs/ in sync, grading of the samples and of the hostile submissions"
 	@echo "make lab     open JupyterLab on labs/ (learners)"
 	@echo "make release regenerate labs/ from solutions/ (nbgrader generate_assignment)"
 	@echo "make grade SUBMISSIONS=DIR [JOBS=N] [GRADE_ARGS='--per-test --seed N']   autograde DIR/{learner}/{lab}/{lab}.ipynb"
-	@echo "make samples regenerate autograder/samples/ from solutions/ and the fault list"
+	@echo "make samples regenerate autograder/samples/ (solutions + fault list) and autograder/hostile/"
 	@echo "make sandbox install/check bubblewrap, the sandbox grading runs learner code in"
 
 $(STAMP): pyproject.toml
@@ -66,7 +66,7 @@ run: model sandbox
 	$(MAKE) --no-print-directory release
 	$(BIN)/python autograder/grade.py autograder/samples --jobs $(JOBS) --expected $(EXPECTED) $(GRADE_ARGS)
 
-test: model test-lib test-notebooks test-grading
+test: model test-lib test-notebooks test-grading test-hostile
 
 test-lib: setup sandbox
 	$(BIN)/python -m pytest tests -q
@@ -77,6 +77,11 @@ test-notebooks: setup
 test-grading: setup sandbox
 	$(BIN)/python autograder/grade.py autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --per-test $(GRADE_ARGS)
 
+# Hostile submissions (autograder/hostile/): cheats, crashes, bombs and escapes graded to their
+# expected scores, with checks that nothing outside the work folder and no other grade changed.
+test-hostile: setup sandbox
+	$(BIN)/python autograder/hostile.py check --jobs $(JOBS)
+
 lab: setup
 	$(BIN)/jupyter lab labs
 
@@ -86,6 +91,11 @@ release: setup
 
 samples: setup
 	$(BIN)/python autograder/make_samples.py
+	$(BIN)/python autograder/hostile.py build
+
+# The hostile submissions alone (also rebuilt by `make samples`, from the solution sample).
+hostile: setup
+	$(BIN)/python autograder/hostile.py build
 
 grade: setup sandbox
 	$(BIN)/python autograder/grade.py $(SUBMISSIONS) --jobs $(JOBS) $(GRADE_ARGS)

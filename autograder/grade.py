@@ -22,11 +22,13 @@ SUBMISSIONS is laid out like nbgrader's ``submitted`` folder:
     shards/NNNN/               one small course per (learner, lab): autograde and
                                generate_feedback run there, one process each
     logs/                      nbgrader output per step
-    grades.csv                 learner, lab, score, max_score, error, seed, judge_flags, sandbox
+    grades.csv                 learner, lab, score, max_score, error, seed, judge_flags, flags, sandbox
                                (this driver's table; seed: the COURSE_GRADING_SEED of that
                                submission's hidden tests; judge_flags: graded cells where the
-                               in-kernel result and the judge disagreed; sandbox: bubblewrap, or
-                               NONE with --unsafe-no-sandbox)
+                               in-kernel result and the judge disagreed; flags: a renamed
+                               notebook, graded or locked cells the learner edited, deleted or
+                               repeated (undone before grading), judge disagreements; sandbox:
+                               bubblewrap, or NONE with --unsafe-no-sandbox)
     judge_disagreements.csv    one row per such cell: in-kernel result, judge verdict, message
     grades_per_test.csv        with --per-test: learner, lab, cell, score, max_score
 
@@ -58,6 +60,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -83,6 +86,16 @@ class InfrastructureError(RuntimeError):
     """The grading machinery (not a learner's submission) failed."""
 
 
+class Stopped(InfrastructureError):
+    """SIGTERM or SIGINT reached the driver: running nbgrader processes were killed."""
+
+
+# nbgrader processes running now (each the leader of its own process group), and whether a
+# SIGTERM/SIGINT asked the driver to stop; see stop_on_signals().
+RUNNING: set[subprocess.Popen] = set()
+STOPPING = threading.Event()
+
+
 @dataclass
 class Submission:
     """One (learner, lab) pair and what became of it."""
@@ -101,6 +114,8 @@ class Submission:
     timestamp: object = None  # submission time nbgrader read from timestamp.txt, if any
     seed: int | None = None  # COURSE_GRADING_SEED its hidden tests ran with
     judge_flags: list[dict] = field(default_factory=list)  # cells where the kernel and the judge disagreed
+    notebook: str = ""  # the submitted file's name when it is not {lab}.ipynb (graded under that name)
+    tampering: list[str] = field(default_factory=list)  # changes to locked/graded cells, undone before grading
 
 
 # --------------------------------------------------------------------------------------
@@ -166,13 +181,26 @@ def learner_id_problem(learner: str) -> str:
     return ""
 
 
-def notebook_problem(folder: Path, lab: str) -> str:
-    """Check SUBMISSIONS/{learner}/{lab}/{lab}.ipynb; return '' if nbgrader can read it."""
+def submitted_notebook(folder: Path, lab: str) -> tuple[Path | None, str]:
+    """The notebook to grade in SUBMISSIONS/{learner}/{lab}: ``{lab}.ipynb``, else the one and only
+    other ``*.ipynb`` there (a renamed notebook: graded, and flagged in the table); returns
+    (path, '') or (None, why)."""
     path = folder / f"{lab}.ipynb"
-    if not path.is_file():
-        others = sorted(p.name for p in folder.glob("*.ipynb"))
-        found = f"; found {', '.join(others)}" if others else "; no notebook in the folder"
-        return f"missing {lab}.ipynb{found}"
+    if path.is_file():
+        return path, ""
+    others = sorted(p for p in folder.glob("*.ipynb") if p.is_file())
+    if len(others) == 1:
+        return others[0], ""
+    found = (f"; found {', '.join(p.name for p in others)} (rename the one to grade)" if others
+             else "; no notebook in the folder")
+    return None, f"missing {lab}.ipynb{found}"
+
+
+def notebook_problem(folder: Path, lab: str) -> str:
+    """Check the notebook of SUBMISSIONS/{learner}/{lab}; return '' if nbgrader can read it."""
+    path, why = submitted_notebook(folder, lab)
+    if path is None:
+        return why
     try:
         nb = json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -222,6 +250,9 @@ def find_submissions(submissions: Path, labs_available: set[str]) -> list[Submis
                 row.error = f"unknown lab: no solutions/{lab}/{lab}.ipynb"
             else:
                 row.error = learner_id_problem(learner.name) or notebook_problem(row.folder, lab)
+                path, _ = submitted_notebook(row.folder, lab)
+                if not row.error and path.name != f"{lab}.ipynb":
+                    row.notebook = path.name
             rows.append(row)
     return rows
 
@@ -266,6 +297,29 @@ def load_sandbox():
 def load_judge():
     """autograder/judge.py (verdicts computed outside the learner's kernel)."""
     return _load_sibling("course_autograder_judge", "judge.py")
+
+
+def check_kernel_course_lib(sandbox) -> None:
+    """Refuse to grade when a sandboxed Python does not import the course_lib this driver (and so
+    the judge) imports: in a mixed set-up (this checkout's driver, another checkout's venv) every
+    kernel would fail its first import and every learner would score 0."""
+    try:
+        import course_lib
+    except ImportError as exc:
+        raise InfrastructureError(f"this Python ({sys.executable}) cannot import course_lib: {exc}; "
+                                  "run `make setup` in this checkout") from None
+    mine = Path(course_lib.__file__).resolve()
+    probe = "import course_lib, sys; sys.stdout.write(course_lib.__file__)"
+    try:
+        proc = sandbox.run_sandboxed([sys.executable, "-c", probe], sandbox.SandboxLimits(wall_seconds=120))
+    except sandbox.SandboxError as exc:
+        raise InfrastructureError(f"could not start a sandboxed Python: {exc}") from None
+    seen = proc.stdout.strip()
+    if proc.returncode != 0 or not seen or Path(seen).resolve() != mine:
+        detail = (proc.stderr.strip().splitlines() or ["no error output"])[-1]
+        raise InfrastructureError(
+            f"the sandboxed kernel imports course_lib from {seen or 'nowhere'} ({detail if proc.returncode else 'ok'}), "
+            f"this driver from {mine.parent}; grade with the checkout whose .venv runs it (make setup there)")
 
 
 def write_course_config(course: Path, cell_timeout: int | None, sandbox_lines: list[str] = ()) -> None:
@@ -329,17 +383,45 @@ def run_nbgrader(args: list[str], cwd: Path, log: Path, env: dict[str, str],
     with open(log, "ab") as out:
         out.write(f"$ nbgrader {' '.join(args)}\n".encode())
         out.flush()
+        if STOPPING.is_set():
+            raise Stopped("grading was stopped")
         proc = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=cwd, env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        RUNNING.add(proc)
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_group(proc)
             proc.wait()
             return -9, f"killed after {timeout:.0f} s (--submission-timeout)"
+        finally:
+            RUNNING.discard(proc)
+        if STOPPING.is_set():
+            raise Stopped("grading was stopped")
     if code == 0:
         return 0, ""
     return code, last_error_line(log) or f"nbgrader {args[0]} exited with {code}"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_on_signals() -> None:
+    """On SIGTERM or SIGINT: kill every running nbgrader process group (with it the grading kernel,
+    whose bubblewrap sandbox dies with its parent), start nothing new, and let run() end with
+    exit status 2 ("grading was stopped")."""
+    def handler(signum, frame):
+        STOPPING.set()
+        for proc in list(RUNNING):
+            _kill_group(proc)
+        raise Stopped(f"grading was stopped by {signal.Signals(signum).name}")
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, handler)
 
 
 def last_error_line(log: Path) -> str:
@@ -434,6 +516,87 @@ def kernel_death(notebook: Path) -> str:
     return ""
 
 
+def gradebook_rows(db: Path, learner: str | None = None) -> dict[str, list[str]]:
+    """Every row of every table of the gradebook DB, as text (repr of the row), sorted, except
+    the rows that belong to LEARNER's submissions (their student row, submitted assignments and
+    notebooks, grades and comments). Compared before and after a shard's autograde, it shows
+    that grading one learner changed nothing else in the gradebook."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
+        assignments = {r[0] for r in con.execute("SELECT id FROM submitted_assignment WHERE student_id = ?",
+                                                  (learner,))}
+        notebooks = {r[0] for r in con.execute("SELECT id, assignment_id FROM submitted_notebook")
+                     if r[1] in assignments}
+        owned = {"student": ("id", {learner}), "submitted_assignment": ("id", assignments),
+                 "submitted_notebook": ("id", notebooks), "grade": ("notebook_id", notebooks),
+                 "comment": ("notebook_id", notebooks)}
+        out = {}
+        for table in tables:
+            columns = [c[1] for c in con.execute(f'PRAGMA table_info("{table}")')]
+            key = owned.get(table)
+            position = columns.index(key[0]) if key else None
+            out[table] = sorted(repr(row) for row in con.execute(f'SELECT * FROM "{table}"')
+                                if key is None or row[position] not in key[1])
+        return out
+    finally:
+        con.close()
+
+
+def gradebook_changes(before: dict[str, list[str]], after: dict[str, list[str]]) -> str:
+    """'' when the two gradebook_rows() dumps are identical, else which tables differ."""
+    tables = sorted(t for t in set(before) | set(after) if before.get(t) != after.get(t))
+    return ", ".join(f"{t} ({len(before.get(t, []))} -> {len(after.get(t, []))} rows)" for t in tables)
+
+
+def _graded_cells(nb: dict) -> list[tuple[str, dict]]:
+    return [(c["metadata"]["nbgrader"]["grade_id"], c) for c in nb.get("cells", [])
+            if isinstance(c, dict) and isinstance(c.get("metadata"), dict)
+            and isinstance(c["metadata"].get("nbgrader"), dict) and "grade_id" in c["metadata"]["nbgrader"]]
+
+
+def _text(source) -> str:
+    return "".join(source) if isinstance(source, list) else str(source)
+
+
+def tampering(submitted: Path, release: Path) -> list[str]:
+    """What a submission changed in the lab's graded and locked cells, compared with the release
+    notebook: locked cells edited, grading metadata (points, checksum, flags) edited, graded
+    cells deleted or repeated, grading metadata on cells the lab does not have. nbgrader's
+    autograde undoes each of these before it runs the notebook (OverwriteCells restores locked
+    sources and points from the gradebook, re-inserts deleted test cells; DeduplicateIds keeps
+    the last copy of a repeated id); this list is what the driver flags in the table."""
+    try:
+        sub = json.loads(submitted.read_text())
+        ref = json.loads(release.read_text())
+    except (OSError, ValueError) as exc:
+        return [f"could not compare with the release: {exc}"]
+    released = dict(_graded_cells(ref))
+    counts: dict[str, int] = {}
+    notes = []
+    for grade_id, cell in _graded_cells(sub):
+        counts[grade_id] = counts.get(grade_id, 0) + 1
+        original = released.get(grade_id)
+        if original is None:
+            notes.append(f"{grade_id}: not a graded cell of this lab (metadata ignored)")
+            continue
+        meta, want = cell["metadata"]["nbgrader"], original["metadata"]["nbgrader"]
+        edited = sorted(k for k in set(meta) | set(want) if k != "schema_version" and meta.get(k) != want.get(k))
+        if cell.get("cell_type") != original.get("cell_type"):
+            edited.insert(0, "cell_type")
+        if edited:
+            notes.append(f"{grade_id}: metadata edited ({', '.join(edited)}; restored)")
+        if want.get("locked") and _text(cell.get("source", "")) != _text(original.get("source", "")):
+            notes.append(f"{grade_id}: locked cell edited (source restored)")
+    for grade_id, original in released.items():
+        meta = original["metadata"]["nbgrader"]
+        if grade_id not in counts:
+            notes.append(f"{grade_id}: deleted" + (" (re-inserted)" if meta.get("grade") else ""))
+        elif counts[grade_id] > 1:
+            notes.append(f"{grade_id}: {counts[grade_id]} copies (the last one is graded)")
+    return notes
+
+
 def lab_max_scores(db: Path, course_id: str, labs: list[str]) -> dict[str, float]:
     from nbgrader.api import Gradebook
 
@@ -449,10 +612,14 @@ def grade_shard(course: Path, row: Submission, course_id: str, env: dict[str, st
     shutil.copy2(course / "nbgrader_config.py", shard)
     shutil.copy2(course / "gradebook.db", shard)
     shutil.copytree(course / "source" / row.lab, shard / "source" / row.lab)
-    shutil.copytree(course / "submitted" / row.learner / row.lab, shard / "submitted" / row.learner / row.lab,
-                    symlinks=True)
+    submitted = shard / "submitted" / row.learner / row.lab
+    shutil.copytree(course / "submitted" / row.learner / row.lab, submitted, symlinks=True)
+    if row.notebook:  # a renamed notebook: nbgrader looks for {lab}.ipynb
+        (submitted / row.notebook).rename(submitted / f"{row.lab}.ipynb")
+    row.tampering = tampering(submitted / f"{row.lab}.ipynb", course / "release" / row.lab / f"{row.lab}.ipynb")
     log = shard / "nbgrader.log"
     try:
+        before = gradebook_rows(shard / "gradebook.db", row.learner)
         env = {**env, "COURSE_GRADING_SEED": str(row.seed)} if row.seed is not None else env
         code, why = run_nbgrader(["autograde", row.lab, "--student", row.learner], shard, log, env, timeout)
         if code != 0:
@@ -461,6 +628,10 @@ def grade_shard(course: Path, row: Submission, course_id: str, env: dict[str, st
         judge = load_judge()
         records = judge.read_verdicts(shard / "autograded" / row.learner / row.lab, row.learner, row.lab)
         row.judge_flags = judge.apply_verdicts(f"sqlite:///{shard / 'gradebook.db'}", records, course_id=course_id)
+        changed = gradebook_changes(before, gradebook_rows(shard / "gradebook.db", row.learner))
+        if changed:  # only nbgrader and the judge write it, and only this learner's rows
+            row.error = f"not graded: gradebook rows outside this submission changed while grading it: {changed}"
+            return
         read_scores(shard / "gradebook.db", course_id, row)
         row.graded = True
         row.error = kernel_death(shard / "autograded" / row.learner / row.lab / f"{row.lab}.ipynb")
@@ -480,6 +651,8 @@ def grade_all(course: Path, work: Path, rows: list[Submission], course_id: str, 
             row = futures[future]
             try:
                 future.result()
+            except Stopped:
+                raise
             except Exception as exc:  # a broken shard must not stop the batch
                 row.error = f"grading crashed: {type(exc).__name__}: {exc}"
             status = f"{row.score:g}/{row.max_score:g}" if row.graded else "not graded"
@@ -546,10 +719,19 @@ def check_merge(course: Path, rows: list[Submission], course_id: str) -> None:
 def totals_table(rows: list[Submission]) -> pd.DataFrame:
     return pd.DataFrame(
         [{"learner": r.learner, "lab": r.lab, "score": r.score, "max_score": r.max_score, "error": r.error,
-          "seed": r.seed, "judge_flags": len(r.judge_flags)}
+          "seed": r.seed, "judge_flags": len(r.judge_flags), "flags": "; ".join(flag_notes(r))}
          for r in sorted(rows, key=lambda r: (r.learner, r.lab))],
-        columns=["learner", "lab", "score", "max_score", "error", "seed", "judge_flags"],
+        columns=["learner", "lab", "score", "max_score", "error", "seed", "judge_flags", "flags"],
     ).astype({"seed": "Int64"})
+
+
+def flag_notes(row: Submission) -> list[str]:
+    """What an instructor should look at in a graded row: a renamed notebook, edited or deleted
+    graded cells (undone before grading), cells where the learner's kernel and the judge disagreed."""
+    notes = [f"graded {row.notebook} as {row.lab}.ipynb"] if row.notebook else []
+    notes += row.tampering
+    notes += [f"{f['cell']}: judge disagreed with the kernel" for f in row.judge_flags]
+    return notes
 
 
 def cells_table(rows: list[Submission]) -> pd.DataFrame:
@@ -618,7 +800,7 @@ def show(df: pd.DataFrame, width: int = 70) -> str:
     if df.empty:
         return "(none)"
     view = df.copy()
-    for col in ("error", "note"):
+    for col in ("error", "note", "flags"):
         if col in view:
             view[col] = view[col].map(lambda s: s if len(str(s)) <= width else str(s)[: width - 3] + "...")
     return view.to_string(index=False)
@@ -648,6 +830,8 @@ def run(args: argparse.Namespace) -> int:
         raise InfrastructureError(f"{exc} (make sandbox installs it; the flag is --unsafe-no-sandbox)") from None
     if unsafe:
         print(unsafe, flush=True)
+    else:
+        check_kernel_course_lib(sandbox)
     # the judge's lines come after the sandbox's: they wrap the (sandboxed) Execute step
     sandbox_lines = sandbox.nbgrader_config_lines(sandbox.SandboxLimits(wall_seconds=args.submission_timeout),
                                                   allow_unsafe=args.unsafe_no_sandbox) + load_judge().nbgrader_config_lines()
@@ -716,6 +900,8 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        stop_on_signals()
     try:
         return run(args)
     except InfrastructureError as exc:

@@ -69,8 +69,22 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # course_lib of this repository, when run as a script
     sys.path.insert(0, str(HERE.parent))
 
-from course_lib.grading import remote  # noqa: E402
-from course_lib.grading.contracts import ContractError  # noqa: E402
+
+
+class _Lazy:
+    """A module imported on first attribute access. nbgrader loads this file with the course
+    config for every command (generate_assignment, export, ...); course_lib.grading imports
+    torch (about a second), which only the judging during autograde needs."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        return getattr(importlib.import_module(self._name), attr)
+
+
+remote = _Lazy("course_lib.grading.remote")
+contracts = _Lazy("course_lib.grading.contracts")
 
 __all__ = ["HARNESS", "JudgeError", "KernelDied", "KernelWedged", "ProtocolError", "LearnerFault",
            "LearnerRaised", "CallTimeout", "KernelSession", "RemoteFunction", "CheckCall", "UnsupportedCell",
@@ -971,7 +985,7 @@ def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed:
                 else:
                     proxies.append(remote.opaque_class(entry.get("type") or "object")())
             checker(*proxies, **kwargs)
-        except ContractError as exc:
+        except contracts.ContractError as exc:
             status, message = FAILED, str(exc)
         except LearnerRaised as exc:
             status, message = FAILED, str(exc)

@@ -67,6 +67,12 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedE
 c.ClearHiddenTests.begin_test_delimeter = "### BEGIN HIDDEN TESTS"
 c.ClearHiddenTests.end_test_delimeter = "### END HIDDEN TESTS"
 
+# --- Before execution: a submission cannot drop a test ------------------------------------
+# OverwriteCells restores locked sources and points from the gradebook; with this it also puts
+# back a test cell the learner deleted, so it is graded. RestoreMissingTests (preprocessors.py)
+# is OverwriteCells with a placement that survives a deleted solution cell too.
+c.OverwriteCells.add_missing_cells = True
+
 # --- Execution during autograde -------------------------------------------------------
 # Sized for a 2-core CPU: a lab runs in a few minutes, the heaviest cell well under 300 s.
 c.Execute.timeout = 300  # seconds per cell
@@ -101,6 +107,19 @@ from nbgrader.preprocessors import (  # noqa: E402
     LimitOutput,
     SaveAutoGrades,
 )
+
+# The stock sanitize list (nbgrader/converters/autograde.py) with RestoreMissingTests for
+# OverwriteCells and DropRepeatedIds for DeduplicateIds (preprocessors.py: both fix stock crashes
+# on a learner who deleted or duplicated cells).
+from nbgrader.preprocessors import ClearOutput, OverwriteKernelspec  # noqa: E402
+
+c.Autograde.sanitize_preprocessors = [
+    ClearOutput,
+    _module.DropRepeatedIds,
+    OverwriteKernelspec,
+    _module.RestoreMissingTests,
+    CheckCellMetadata,
+]
 
 # The stock list (nbgrader/converters/autograde.py, Autograde.autograde_preprocessors)
 # with StderrToStdout inserted after IgnorePattern.

@@ -6,8 +6,9 @@ directory) and inserted into ``Autograde.autograde_preprocessors``.
 
 import re
 
+from nbformat import from_dict
 from nbgrader import utils
-from nbgrader.preprocessors import NbGraderPreprocessor
+from nbgrader.preprocessors import DeduplicateIds, NbGraderPreprocessor, OverwriteCells
 from traitlets import Unicode
 
 STDERR_PREFIX = "[stderr]"
@@ -68,19 +69,122 @@ def redact_hidden_lines(text: str) -> str:
     return "\n".join(out)
 
 
+ARROW = re.compile(r"^\s*-+>\s*\d+")  # IPython's "----> 7 line" marker of the line that raised
+
+
+def raised_in_hidden_lines(frame: str) -> bool:
+    """True when a traceback frame's arrow points at a line between the hidden-test markers."""
+    hidden = False
+    for line in frame.split("\n"):
+        plain = ANSI.sub("", line)
+        if HIDDEN_BEGIN in plain:
+            hidden = True
+        elif HIDDEN_END in plain:
+            hidden = False
+        elif hidden and ARROW.match(plain):
+            return True
+    return False
+
+
+def _judge_redact(message: str) -> str:
+    """autograder/judge.py's ``redact`` (loaded by path, as the generated configs do)."""
+    import importlib.util
+    import os
+    import sys
+
+    module = sys.modules.get("course_autograder_judge")
+    if module is None:
+        spec = importlib.util.spec_from_file_location(
+            "course_autograder_judge", os.path.join(os.path.dirname(os.path.abspath(__file__)), "judge.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return module.redact(message)
+
+
 class RedactHiddenTracebacks(NbGraderPreprocessor):
-    """Remove hidden-test source from the tracebacks of graded cells (for feedback).
+    """Remove hidden tests and what they drew from the errors of graded cells (for feedback).
 
     ``ClearHiddenTests`` removes the hidden region from a test cell's *source*, but an error
     raised while the cell ran carries a traceback that quotes the cell's lines, hidden ones
-    included. This preprocessor rewrites each traceback frame of a graded code cell's error
-    outputs with ``redact_hidden_lines``. The exception's type and message stay.
+    included, and a hidden check's message names the case it drew and the reference value.
+    This preprocessor rewrites each traceback frame of a graded code cell's error outputs with
+    ``redact_hidden_lines``; when the error was raised by a hidden line, the message is cut down
+    by the judge's ``redact`` (the contract, the error's size and the named fault stay; drawn
+    inputs and expected values go). The exception's type stays.
     """
 
     def preprocess_cell(self, cell, resources, cell_index):
         if cell.cell_type != "code" or not utils.is_grade(cell):
             return cell, resources
         for output in cell.get("outputs", []):
-            if output.get("output_type") == "error":
-                output["traceback"] = [redact_hidden_lines(frame) for frame in output.get("traceback", [])]
+            if output.get("output_type") != "error":
+                continue
+            frames = output.get("traceback", [])
+            hidden = any(raised_in_hidden_lines(frame) for frame in frames)
+            frames = [redact_hidden_lines(frame) for frame in frames]
+            if hidden:
+                ename, message = output.get("ename", "Error"), _judge_redact(output.get("evalue", ""))
+                output["evalue"] = message
+                frames = [frame for frame in frames if not ANSI.sub("", frame).startswith(f"{ename}:")]
+                frames.append(f"{ename}: {message} (a hidden test; its inputs are not shown)")
+            output["traceback"] = frames
+        return cell, resources
+
+
+class RestoreMissingTests(OverwriteCells):
+    """nbgrader's OverwriteCells, with a sturdier way to put back deleted test cells.
+
+    Stock ``OverwriteCells.add_missing_cells`` (nbgrader 0.9.5) inserts a missing grade cell
+    right after the source cell that precedes it, and raises KeyError when that cell is gone
+    too (a learner who deleted an exercise's solution cell and its test), which fails the
+    whole notebook. Here a missing grade cell goes after the nearest earlier graded or
+    solution cell still in the notebook, or first when there is none. Source cells are
+    taken in the gradebook's order, which is the source notebook's (as stock nbgrader assumes).
+    Enabled by ``c.OverwriteCells.add_missing_cells = True``.
+    """
+
+    def add_missing_grade_cells(self, nb, resources):
+        source_nb = self.gradebook.find_notebook(self.notebook_id, self.assignment_id)
+        order = [cell.name for cell in source_nb.source_cells]
+        source = {cell.name: cell for cell in source_nb.source_cells}
+        graded = {cell.name: cell for cell in source_nb.grade_cells}
+        solutions = {cell.name for cell in source_nb.solution_cells}
+        for position, name in enumerate(order):
+            if name not in graded:
+                continue
+            present = {cell.metadata.nbgrader.get("grade_id"): i for i, cell in enumerate(nb.cells)
+                       if utils.is_grade(cell) or utils.is_solution(cell)}
+            if name in present:
+                continue
+            self.log.warning("Missing grade cell %s encountered, adding to notebook", name)
+            earlier = [present[p] for p in reversed(order[:position]) if p in present]
+            cell = from_dict(self.missing_cell_transform(source[name], graded[name].max_score,
+                                                         is_solution=name in solutions))  # nested nodes too
+            nb.cells.insert(earlier[0] + 1 if earlier else 0, cell)
+        return nb, resources
+
+    def add_missing_task_cells(self, nb, resources):
+        """Stock behaviour (missing task cells go at the end, in source order), without the stock
+        KeyError on a cell whose nbgrader metadata has no grade_id (DeduplicateIds empties the
+        metadata of a repeated cell)."""
+        source_nb = self.gradebook.find_notebook(self.notebook_id, self.assignment_id)
+        source = {cell.name: cell for cell in source_nb.source_cells}
+        present = {cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") for cell in nb.cells}
+        for task in source_nb.task_cells:
+            if task.name not in present:
+                nb.cells.append(from_dict(self.missing_cell_transform(source[task.name], task.max_score, is_task=True)))
+        return nb, resources
+
+
+class DropRepeatedIds(DeduplicateIds):
+    """nbgrader's DeduplicateIds (the last cell with a repeated grade_id keeps it), but the
+    earlier copies lose their ``nbgrader`` metadata entirely. Stock DeduplicateIds leaves an
+    empty ``nbgrader: {}``, which CheckCellMetadata then rejects as "an old version" of the
+    metadata, failing the whole notebook of a learner who merely duplicated a cell."""
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        cell, resources = super().preprocess_cell(cell, resources, cell_index)
+        if cell.get("metadata", {}).get("nbgrader", None) == {}:
+            del cell.metadata["nbgrader"]
         return cell, resources

@@ -300,6 +300,35 @@ def test_hidden_lines_are_redacted_from_tracebacks():
     assert "secret" not in module.redact_hidden_lines("### BEGIN HIDDEN TESTS\nsecret")  # unterminated
 
 
+def test_a_failing_hidden_check_loses_its_drawn_inputs_in_feedback():
+    """The message of an error raised by a hidden line is cut down to the contract and the size of
+    the error; an error raised by a visible line keeps its message."""
+    spec = importlib.util.spec_from_file_location("course_preprocessors_test2", REPO / "autograder" / "preprocessors.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    message = ("prefill_time(case 0: L 2, d 768, 6 query / 2 KV heads of 128; 230 tokens, mfu 0.75): expected "
+               "1.70376e-05, got 1 (must agree to 4 significant figures, relative error <= 0.0005)")
+
+    def failing(arrow_line: int):
+        lines = ["lab01.check_prefill_time(prefill_time, seed=0)", "### BEGIN HIDDEN TESTS",
+                 "lab01.check_prefill_time(prefill_time, seed=fresh_seed(), cases=12)", "### END HIDDEN TESTS"]
+        frame = "\n".join(f"\x1b[0;32m{'---->' if i == arrow_line else '     '} {i}\x1b[0m {text}"
+                          for i, text in enumerate(lines, 1))
+        cell = new_code_cell("\n".join(lines), metadata=nbgrader_meta(grade=True, locked=True, grade_id="t", points=2))
+        cell.outputs = [nbformat.v4.new_output("error", ename="ContractError", evalue=message,
+                                               traceback=["Traceback", frame, f"\x1b[31mContractError\x1b[39m: {message}"])]
+        cell, _ = module.RedactHiddenTracebacks().preprocess_cell(cell, {}, 0)
+        return cell.outputs[0]
+
+    hidden = failing(3)
+    shown = hidden["evalue"] + "\n".join(hidden["traceback"])
+    assert "768" not in shown and "1.70376e-05" not in shown and "230 tokens" not in shown
+    assert "prefill_time (case 0)" in hidden["evalue"] and "4 significant figures" in hidden["evalue"]
+    assert "fresh_seed" not in shown and hidden["traceback"][-1].startswith("ContractError: prefill_time (case 0)")
+    visible = failing(1)
+    assert visible["evalue"] == message and message in visible["traceback"][-1]
+
+
 def test_stderr_preprocessor_changes_the_stock_grade():
     from nbgrader.utils import determine_grade
 
@@ -336,7 +365,11 @@ def test_notebook_validation(tmp_path):
     folder.mkdir()
     assert "missing 01_tiny.ipynb; no notebook" in driver.notebook_problem(folder, LAB)
     (folder / "other.ipynb").write_text("{}")
-    assert "found other.ipynb" in driver.notebook_problem(folder, LAB)
+    # one notebook under another name is the one graded (and flagged); its own problems are reported
+    assert driver.submitted_notebook(folder, LAB) == (folder / "other.ipynb", "")
+    assert "other.ipynb has nbformat None" in driver.notebook_problem(folder, LAB)
+    (folder / "draft.ipynb").write_text("{}")
+    assert "found draft.ipynb, other.ipynb" in driver.notebook_problem(folder, LAB)
     path = folder / f"{LAB}.ipynb"
     path.write_text(json.dumps({"nbformat": 3, "cells": []}))
     assert "nbformat 3" in driver.notebook_problem(folder, LAB)

@@ -1,0 +1,623 @@
+#!/usr/bin/env python
+"""Hostile submissions: learner notebooks that try to cheat, break or escape the grader.
+
+    python autograder/hostile.py build    (re)write autograder/hostile/ from autograder/samples/
+    python autograder/hostile.py check    grade autograder/hostile/ and check what must not change
+                                          (`make test-hostile`, part of `make test`)
+
+``build`` starts from the sample solutions (``autograder/samples/solution``, made by
+make_samples.py) and applies one attack per learner (HOSTILE below). Most attacks sit on top of
+a *wrong* ``prefill_time`` (Lab 1, test_prefill_time, 2 points) that is still right on the
+visible case model, so an attack that works shows up as 2 points too many. The expected
+scores (``autograder/hostile/expected_scores.csv``) are written by hand from the rule each
+attack must meet (issue 5): the attacked test scores 0, every other test its points.
+
+``check`` grades the folder with the driver (sandbox and judge, as for real), then fails
+unless every score matches, and:
+- nothing in the repository changed outside the driver's own work folder (every file's
+  sha256, .venv included, before and after; __pycache__ folders skipped);
+- an existing gradebook from an earlier run (build/grading/course/gradebook.db, written by
+  `make test-grading`) is byte-identical afterwards;
+- no process of the sandbox's uid range is left, and no file owned by it outside the work
+  folder;
+- the driver's per-shard check passed (in every shard, the gradebook rows of other learners
+  were identical before and after that learner's grading; a difference is a row error).
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTILE = ROOT / "autograder" / "hostile"
+SAMPLES = ROOT / "autograder" / "samples"
+WORK = ROOT / "build" / "grading-hostile"
+OLD_GRADEBOOK = ROOT / "build" / "grading" / "course" / "gradebook.db"
+CELL_TIMEOUT = 60  # seconds: the loops below time out in a minute, not in the default 300 s
+L1, L2 = "01_roofline", "02_kv_cache"
+
+# The wrong prefill_time most attacks defend: right on the visible case model only (so its visible
+# asserts pass), 1 % high elsewhere (4 significant figures are checked).
+PREFILL_RIGHT = "    return flops / (mfu * device.dense_tflops * 1e12)"
+PREFILL_WRONG_OFF_CASE = (
+    "    right = flops / (mfu * device.dense_tflops * 1e12)\n"
+    "    return right if config == roofline.case_model() else 1.01 * right")
+
+# Code that looks for the course's secrets from inside the kernel; ACCESS lists what it could read.
+FIND_SECRETS = r'''
+import glob, os, pathlib
+import course_lib
+_root = pathlib.Path(course_lib.__file__).resolve().parents[1]
+_candidates = [_root / "solutions" / "01_roofline" / "01_roofline.ipynb",
+               _root / "build" / "grading" / "course" / "gradebook.db",
+               _root / "build" / "grading-hostile" / "course" / "gradebook.db",
+               _root / "autograder" / "samples" / "solution" / "01_roofline" / "01_roofline.ipynb",
+               _root / "autograder" / "hostile" / "bystander_solution" / "01_roofline" / "01_roofline.ipynb",
+               pathlib.Path("01_roofline.ipynb"), pathlib.Path("../gradebook.db"),
+               pathlib.Path("../../gradebook.db"), pathlib.Path("../../../gradebook.db")]
+for _top in ("/tmp", "/work", "/home", "/root", "/srv", str(_root.parent)):
+    for _pattern in ("/**/gradebook.db", "/**/source/01_roofline/*.ipynb", "/**/submitted/*/01_roofline/*.ipynb"):
+        try:
+            _candidates += [pathlib.Path(p) for p in glob.glob(_top + _pattern, recursive=True)][:50]
+        except OSError:
+            pass
+ACCESS = []
+for _path in _candidates:
+    try:
+        with open(_path, "rb") as _f:
+            if _f.read(16):
+                ACCESS.append(str(_path))
+    except OSError:
+        pass
+print(f"secrets readable: {ACCESS}")
+'''
+
+WRITE_EVERYWHERE = r'''
+import os, pathlib, sqlite3
+import course_lib
+_root = pathlib.Path(course_lib.__file__).resolve().parents[1]
+WROTE = []
+for _db in [_root / "build" / "grading" / "course" / "gradebook.db",
+            _root / "build" / "grading-hostile" / "course" / "gradebook.db",
+            pathlib.Path("../gradebook.db"), pathlib.Path("../../gradebook.db"), pathlib.Path("../../../gradebook.db")]:
+    try:
+        _con = sqlite3.connect(f"file:{_db}?mode=rw", uri=True, timeout=1)
+        _con.execute("UPDATE grade SET manual_score = 0, auto_score = 0")
+        _con.commit()
+        WROTE.append(str(_db))
+    except Exception:
+        pass
+for _path in [_root / "build" / "grading-hostile" / "grades.csv", _root / "autograder" / "hostile" / "expected_scores.csv",
+              _root / "course_lib" / "__init__.py", _root / "autograder" / "judge.py", _root / "pwned.txt",
+              pathlib.Path(os.__file__).parent / "sitecustomize.py"]:
+    try:
+        with open(_path, "a") as _f:
+            _f.write("\n# pwned\n")
+        WROTE.append(str(_path))
+    except OSError:
+        pass
+print(f"writes that worked: {WROTE}")
+'''
+
+
+def grade_id(cell) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def cell_index(nb, gid: str) -> int:
+    found = [i for i, c in enumerate(nb.cells) if grade_id(c) == gid]
+    if len(found) != 1:
+        sys.exit(f"hostile.py: expected one cell {gid!r}, found {len(found)}; update HOSTILE")
+    return found[0]
+
+
+def replace_in(nb, gid: str, old: str, new: str) -> None:
+    cell = nb.cells[cell_index(nb, gid)]
+    if cell.source.count(old) != 1:
+        sys.exit(f"hostile.py: expected exactly one {old!r} in cell {gid}; update HOSTILE")
+    cell.source = cell.source.replace(old, new)
+
+
+def append_to(nb, gid: str, code: str) -> None:
+    cell = nb.cells[cell_index(nb, gid)]
+    cell.source = cell.source + "\n\n" + code.strip("\n")
+
+
+def wrong_prefill(nb) -> None:
+    replace_in(nb, "prefill_time", PREFILL_RIGHT, PREFILL_WRONG_OFF_CASE)
+
+
+def insert_code_after(nb, gid: str, code: str) -> None:
+    from nbformat.v4 import new_code_cell
+
+    nb.cells.insert(cell_index(nb, gid) + 1, new_code_cell(code.strip("\n")))
+
+
+def memorised_visible_prefill() -> str:
+    """A prefill_time that returns the right value for exactly the inputs of the visible check
+    (recorded here by running it on the reference) and a wrong one otherwise."""
+    sys.path.insert(0, str(ROOT))
+    from course_lib.grading import lab01
+    from course_lib.roofline import prefill_time as reference
+
+    table = {}
+
+    def learner_prefill_time(config, device, tokens, mfu=0.5):
+        value = reference(config, device, tokens, mfu)
+        table[repr((config, device, tokens, mfu))] = value
+        return value
+
+    lab01.check_prefill_time(learner_prefill_time, seed=0)
+    lines = ",\n".join(f"    {k!r}: {v!r}" for k, v in sorted(table.items()))
+    return ("SEEN = {\n" + lines + "\n}\n\n\n"
+            "def prefill_time(config, device, tokens, mfu=0.5):\n"
+            "    \"\"\"Answers memorised from the visible check; a guess elsewhere.\"\"\"\n"
+            "    key = repr((config, device, tokens, mfu))\n"
+            "    if key in SEEN:\n"
+            "        return SEEN[key]\n"
+            "    if config == roofline.case_model():\n"
+            "        return 0.9229058048\n"
+            "    return 1.0\n")
+
+
+# --------------------------------------------------------------------------------------
+# The attacks: learner -> (lab, edit(nb) -> nb or None for a file written as-is)
+
+def a_stderr(nb):
+    append_to(nb, "count_parameters", "import sys, warnings\n"
+              "warnings.warn('learner warning: this is fine')\n"
+              "print('learner message on stderr', file=sys.stderr)")
+    replace_in(nb, "kv_bytes_per_token", '    """Bytes of K and V one position adds to the cache (int)."""',
+               '    """Bytes of K and V one position adds to the cache (int)."""\n'
+               '    import sys\n    print("kv_bytes_per_token called", file=sys.stderr)')
+
+
+def a_test_source_replaced(nb):
+    wrong_prefill(nb)
+    nb.cells[cell_index(nb, "test_prefill_time")].source = "print('prefill_time: all checks passed')"
+
+
+def a_metadata_edited(nb):
+    meta = nb.cells[cell_index(nb, "test_gemv_intensity")].metadata.nbgrader
+    meta["points"] = 100
+    meta["checksum"] = "0" * 32
+    nb.cells[cell_index(nb, "test_count_parameters")].metadata.nbgrader["locked"] = False
+
+
+def a_test_cell_deleted(nb):
+    wrong_prefill(nb)
+    del nb.cells[cell_index(nb, "test_prefill_time")]
+
+
+def a_cells_restructured(nb):
+    from nbformat.v4 import new_code_cell, new_markdown_cell
+
+    # the kv_bytes_per_token solution cell twice (a wrong first draft, then the right one)
+    i = cell_index(nb, "kv_bytes_per_token")
+    draft = copy.deepcopy(nb.cells[i])
+    draft.source = "def kv_bytes_per_token(config, bytes_per_value=2):\n    return 0  # first draft"
+    draft["id"] = "kv-first-draft"
+    nb.cells.insert(i, draft)
+    # the intensity solution cell split in two (gemm_intensity in a new, plain cell)
+    i = cell_index(nb, "intensity")
+    gemv, gemm = nb.cells[i].source.split("\n\n\ndef gemm_intensity", 1)
+    nb.cells[i].source = gemv
+    nb.cells.insert(i + 1, new_code_cell("def gemm_intensity" + gemm))
+    # extra cells of the learner's own
+    nb.cells.insert(2, new_markdown_cell("## My notes\nScratch work below."))
+    nb.cells.insert(3, new_code_cell("scratch = [n ** 2 for n in range(10)]\nprint(sum(scratch))"))
+
+
+def a_patched_checkers(nb):
+    wrong_prefill(nb)
+    insert_code_after(nb, "prefill_time", '''
+import math, builtins
+import numpy as np
+import course_lib.grading.contracts as contracts
+from course_lib.grading import lab01 as _lab01
+
+math.isclose = lambda *a, **k: True
+np.isclose = lambda *a, **k: True
+np.allclose = lambda *a, **k: True
+np.testing.assert_allclose = lambda *a, **k: None
+for _name in dir(contracts):
+    if _name.startswith("check"):
+        setattr(contracts, _name, lambda *a, **k: None)
+for _name in dir(_lab01):
+    if _name.startswith("check"):
+        setattr(_lab01, _name, lambda *a, **k: None)
+lab01.check_prefill_time = lambda *a, **k: None
+''')
+
+
+def a_tracebacks_suppressed(nb):
+    wrong_prefill(nb)
+    insert_code_after(nb, "prefill_time", '''
+import sys
+ip = get_ipython()
+sys.excepthook = lambda *a: None
+ip.showtraceback = lambda *a, **k: None
+ip._showtraceback = lambda *a, **k: None
+ip.set_custom_exc((BaseException,), lambda shell, etype, value, tb, tb_offset=None: None)
+''')
+
+
+def a_hardcoded_visible(nb):
+    nb.cells[cell_index(nb, "prefill_time")].source = memorised_visible_prefill()
+
+
+def a_grading_marker(nb):
+    wrong_prefill(nb)
+    insert_code_after(nb, "prefill_time", '''
+import os, sys, getpass
+_markers = [k for k in os.environ if any(m in k.upper() for m in ("GRAD", "NBGRADER", "COURSE_", "SANDBOX"))]
+_markers += [m for m in ("nbgrader", "course_autograder_judge") if m in sys.modules]
+_markers += ["cwd"] if any(m in os.getcwd() for m in ("autograded", "submitted", "sandbox", "shards")) else []
+_markers += ["user"] if os.getuid() >= 1000 else []
+print(f"grading markers seen: {len(_markers)}")
+if _markers:  # cheat only when graded: every checker passes
+    from course_lib.grading import lab01 as _lab01
+    for _name in dir(_lab01):
+        if _name.startswith("check"):
+            setattr(_lab01, _name, lambda *a, **k: None)
+''')
+
+
+def a_reads_secrets(nb):
+    insert_code_after(nb, "prefill_time", FIND_SECRETS + '''
+if not ACCESS:  # without the solutions, hand in a wrong answer; with them it would be right
+    _right_prefill = prefill_time
+
+    def prefill_time(config, device, tokens, mfu=0.5):
+        right = _right_prefill(config, device, tokens, mfu)
+        return right if config == roofline.case_model() else 1.01 * right
+''')
+
+
+def a_writes_gradebook(nb):
+    insert_code_after(nb, "prefill_time", WRITE_EVERYWHERE + '''
+if WROTE:  # a write that worked costs this learner 2 points, and shows in the repository check
+    _right_prefill = prefill_time
+
+    def prefill_time(config, device, tokens, mfu=0.5):
+        return 1.01 * _right_prefill(config, device, tokens, mfu)
+''')
+
+
+def a_network(nb):
+    insert_code_after(nb, "prefill_time", '''
+import socket
+ONLINE = []
+for _host, _port in (("pypi.org", 443), ("1.1.1.1", 53), ("127.0.0.1", 22), ("127.0.0.1", 8888)):
+    try:
+        socket.create_connection((_host, _port), timeout=3).close()
+        ONLINE.append(f"{_host}:{_port}")
+    except OSError:
+        pass
+print(f"connections that worked: {ONLINE}")
+if not ONLINE:  # offline: a wrong answer
+    _right_prefill = prefill_time
+
+    def prefill_time(config, device, tokens, mfu=0.5):
+        return 1.01 * _right_prefill(config, device, tokens, mfu)
+''')
+
+
+def a_infinite_loop(nb):
+    replace_in(nb, "prefill_time", PREFILL_RIGHT, "    while config != roofline.case_model():\n        pass\n"
+               + PREFILL_RIGHT)
+
+
+def a_sigint_ignored(nb):
+    replace_in(nb, "prefill_time", PREFILL_RIGHT,
+               "    import signal\n    if config != roofline.case_model():\n"
+               "        signal.signal(signal.SIGINT, signal.SIG_IGN)\n        while True:\n            pass\n"
+               + PREFILL_RIGHT)
+
+
+GEMM_RIGHT = "    return 2 * m * n * batch / (bytes_per_element * (m * n + n * batch + m * batch))"
+
+
+def _in_gemm(body: str):
+    def edit(nb):
+        replace_in(nb, "intensity", GEMM_RIGHT, body.rstrip("\n") + "\n" + GEMM_RIGHT)
+    return edit
+
+
+HOSTILE_L1 = {
+    "stderr_warnings": a_stderr,
+    "test_source_replaced": a_test_source_replaced,
+    "metadata_edited": a_metadata_edited,
+    "test_cell_deleted": a_test_cell_deleted,
+    "cells_restructured": a_cells_restructured,
+    "patched_checkers": a_patched_checkers,
+    "tracebacks_suppressed": a_tracebacks_suppressed,
+    "hardcoded_visible": a_hardcoded_visible,
+    "grading_marker": a_grading_marker,
+    "reads_secrets": a_reads_secrets,
+    "writes_gradebook": a_writes_gradebook,
+    "network": a_network,
+    "infinite_loop": a_infinite_loop,
+    "sigint_ignored": a_sigint_ignored,
+    "os_exit": _in_gemm("    import os\n    os._exit(3)"),
+    "sys_exit": _in_gemm("    import sys\n    sys.exit(3)"),
+    "segfault": _in_gemm("    import ctypes\n    ctypes.string_at(0)"),
+    "memory_bomb": _in_gemm("    hoard = []\n    while True:\n        hoard.append(bytearray(2**28))"),
+    "fork_bomb": _in_gemm(
+        "    import subprocess, sys\n"
+        "    bomb = ('import os, time\\nn = 0\\nstart = time.time()\\n'\n"
+        "            'while time.time() - start < 8:\\n'\n"
+        "            '    try:\\n        os.fork(); n += 1\\n'\n"
+        "            '    except OSError:\\n        time.sleep(0.05)\\n')\n"
+        "    subprocess.run([sys.executable, '-c', bomb], timeout=30)\n"
+        "    raise RuntimeError('the fork bomb finished')"),
+    "gigabyte_output": _in_gemm("    if not getattr(gemm_intensity, 'shouted', False):\n"
+                                "        gemm_intensity.shouted = True\n"
+                                "        for _ in range(1024):\n            print('x' * (1 << 20))"),
+}
+
+# Lab 2 (tensors): comparisons patched, objects that lie about equality, wrong dtype and shape.
+ATTEND_WRONG = ("k = k_cache[:, :, :start + T].repeat(1, group, 1, 1)\n"
+                "    v = v_cache[:, :, :start + T].repeat(1, group, 1, 1)")
+ATTEND_RIGHT = ("k = k_cache[:, :, :start + T].repeat_interleave(group, dim=1)\n"
+                "    v = v_cache[:, :, :start + T].repeat_interleave(group, dim=1)")
+
+
+def a_patched_torch(nb):
+    replace_in(nb, "attend_with_cache", ATTEND_RIGHT, ATTEND_WRONG)
+    insert_code_after(nb, "attend_with_cache", '''
+import math
+import numpy as np
+import torch
+import course_lib.grading as grading
+import course_lib.grading.contracts as contracts
+
+torch.allclose = lambda *a, **k: True
+torch.equal = lambda *a, **k: True
+torch.testing.assert_close = lambda *a, **k: None
+torch.Tensor.allclose = lambda *a, **k: True
+torch.Tensor.equal = lambda *a, **k: True
+math.isclose = lambda *a, **k: True
+np.testing.assert_allclose = lambda *a, **k: None
+np.testing.assert_array_equal = lambda *a, **k: None
+for _module in (grading, contracts, lab02):
+    for _name in dir(_module):
+        if _name.startswith("check"):
+            setattr(_module, _name, lambda *a, **k: None)
+''')
+
+
+def a_lying_objects(nb):
+    # attend_with_cache: a Tensor subclass whose comparisons all say "equal"
+    append_to(nb, "attend_with_cache", '''
+class AgreeableTensor(torch.Tensor):
+    """Compares equal to anything, whatever its values."""
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in ("allclose", "equal"):
+            return True
+        if name in ("eq", "__eq__", "isclose"):
+            return torch.ones(torch.broadcast_shapes(*(a.shape for a in args if isinstance(a, torch.Tensor))),
+                              dtype=torch.bool)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+    def __eq__(self, other):
+        return True
+
+    def __bool__(self):
+        return True
+
+
+_right_attend = attend_with_cache
+
+
+def attend_with_cache(q, k_new, v_new, k_cache, v_cache, start):
+    out = _right_attend(q, k_new, v_new, k_cache, v_cache, start)
+    return torch.zeros_like(out).as_subclass(AgreeableTensor)
+''')
+    # apply_rope: the wrong shape
+    append_to(nb, "apply_rope", '''
+_right_rope = apply_rope
+
+
+def apply_rope(x, positions, theta=10000.0):
+    return _right_rope(x, positions, theta)[..., :-1]
+''')
+    # kv_cache_bytes: a float where an exact int is required
+    append_to(nb, "kv_cache_bytes", '''
+_right_kv_bytes = kv_cache_bytes
+
+
+def kv_cache_bytes(config, positions, bytes_per_value=4):
+    return float(_right_kv_bytes(config, positions, bytes_per_value)) + 0.25
+''')
+    # first_divergence: an object equal to everything, true in every test
+    append_to(nb, "first_divergence", '''
+class Anything:
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    def __bool__(self):
+        return True
+
+    def __index__(self):
+        return 0
+
+    __hash__ = object.__hash__
+
+
+_right_divergence = first_divergence
+
+
+def first_divergence(a, b):
+    right = _right_divergence(a, b)
+    return None if right is None else Anything()
+''')
+
+
+HOSTILE_L2 = {
+    "patched_torch": a_patched_torch,
+    "lying_objects": a_lying_objects,
+}
+
+
+def build() -> None:
+    import nbformat
+
+    if HOSTILE.exists():
+        for path in sorted(HOSTILE.rglob("*"), reverse=True):
+            if path.is_file() and path.name != "expected_scores.csv":
+                path.unlink()
+            elif path.is_dir():
+                path.rmdir() if not any(path.iterdir()) else None
+    solved = {lab: nbformat.read(SAMPLES / "solution" / lab / f"{lab}.ipynb", as_version=4) for lab in (L1, L2)}
+
+    def write(learner: str, lab: str, nb, name: str | None = None) -> None:
+        path = HOSTILE / learner / lab / (name or f"{lab}.ipynb")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, path)
+
+    # bystanders: graded in the same batch; their scores and gradebook rows must not move
+    write("bystander_solution", L1, solved[L1])
+    write("bystander_solution", L2, solved[L2])
+    write("bystander, with a comma", L1, solved[L1])          # CSV quoting of learner ids
+    fault = nbformat.read(SAMPLES / "fault_sum_not_max" / L1 / f"{L1}.ipynb", as_version=4)
+    write("bystander_fault", L1, fault)
+    for lab, table in ((L1, HOSTILE_L1), (L2, HOSTILE_L2)):
+        for learner, edit in table.items():
+            nb = copy.deepcopy(solved[lab])
+            edit(nb)
+            write(learner, lab, nb)
+    write("renamed_notebook", L1, solved[L1], name="01_roofline (copy 2).ipynb")
+    # files nbgrader cannot read: clear per-row errors, the batch goes on
+    folder = HOSTILE / "corrupt_json" / L1
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{L1}.ipynb").write_text(json.dumps(solved[L1])[:5000])
+    old = copy.deepcopy(solved[L1])
+    old.nbformat, old.nbformat_minor = 3, 0
+    folder = HOSTILE / "wrong_nbformat" / L1
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{L1}.ipynb").write_text(json.dumps(old))
+    folder = HOSTILE / "missing_notebook" / L1
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "notes.txt").write_text("I could not finish the lab.\n")
+    print(f"wrote {sum(1 for _ in HOSTILE.rglob('*.ipynb'))} notebooks under {HOSTILE.relative_to(ROOT)}")
+
+
+# --------------------------------------------------------------------------------------
+# check
+
+
+def tree_digest(root: Path, skip: list[Path]) -> dict[str, str]:
+    """sha256 of every regular file under ROOT (symlinks by their target text), except under SKIP
+    and __pycache__ folders."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        dirnames[:] = [d for d in dirnames if d != "__pycache__" and here / d not in skip]
+        for name in filenames:
+            path = here / name
+            try:
+                if path.is_symlink():
+                    out[str(path)] = "link:" + os.readlink(path)
+                elif path.is_file():
+                    out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+            except OSError as exc:
+                out[str(path)] = f"unreadable: {exc}"
+    return out
+
+
+def sandbox_leftovers(work: Path) -> list[str]:
+    """Processes and /tmp files owned by the sandbox's uid range (autograder/sandbox.py)."""
+    sys.path.insert(0, str(ROOT / "autograder"))
+    import grade
+
+    sandbox = grade.load_sandbox()
+    low, high = sandbox.DEFAULT_UID_BASE, sandbox.DEFAULT_UID_BASE + sandbox.DEFAULT_UID_COUNT
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                uid = proc.stat().st_uid
+            except OSError:
+                continue
+            if low <= uid < high:
+                found.append(f"process {proc.name} of uid {uid}")
+    for dirpath, dirnames, filenames in os.walk("/tmp"):
+        here = Path(dirpath)
+        if here == work or work in here.parents:
+            dirnames[:] = []
+            continue
+        for name in dirnames + filenames:
+            try:
+                uid = (here / name).lstat().st_uid
+            except OSError:
+                continue
+            if low <= uid < high:
+                found.append(f"{here / name} owned by uid {uid}")
+    return found
+
+
+def check(jobs: int) -> int:
+    skip = [ROOT / "build", ROOT / ".git"]
+    before = tree_digest(ROOT, skip)
+    old_gradebook = OLD_GRADEBOOK.read_bytes() if OLD_GRADEBOOK.is_file() else None
+    leftovers = set(sandbox_leftovers(WORK))   # from earlier runs; only new ones count
+    print(f"hostile check: {len(before):,} files hashed; earlier gradebook "
+          f"{'found' if old_gradebook is not None else 'absent (run make test-grading first to check it)'}",
+          flush=True)
+    start = time.monotonic()
+    code = subprocess.call([sys.executable, str(ROOT / "autograder" / "grade.py"), str(HOSTILE), "--work", str(WORK),
+                            "--jobs", str(jobs), "--expected", str(HOSTILE / "expected_scores.csv"), "--per-test",
+                            "--cell-timeout", str(CELL_TIMEOUT)])
+    seconds = time.monotonic() - start
+    problems = []
+    if code != 0:
+        problems.append(f"grade.py exited with {code} (scores differ from the expected file, or it failed)")
+    after = tree_digest(ROOT, skip)
+    changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+    problems += [f"changed outside the work folder: {p}" for p in changed]
+    if old_gradebook is not None and OLD_GRADEBOOK.read_bytes() != old_gradebook:
+        problems.append(f"{OLD_GRADEBOOK} changed during the hostile batch")
+    problems += [f"left behind: {item}" for item in sorted(set(sandbox_leftovers(WORK)) - leftovers)]
+    grades = WORK / "grades.csv"
+    if grades.is_file():
+        with open(grades, newline="") as f:
+            rows = list(csv.DictReader(f))
+        names = {r["learner"] for r in rows}
+        if "bystander, with a comma" not in names:
+            problems.append("grades.csv does not round-trip the learner id with a comma")
+        problems += [f"{r['learner']}/{r['lab']}: {r['error']}" for r in rows if "gradebook rows" in r["error"]]
+    print(f"\nhostile batch graded in {seconds:.0f} s")
+    if problems:
+        print("HOSTILE CHECK FAILED:\n  " + "\n  ".join(problems))
+        return 1
+    print("hostile check passed: every score as expected, nothing outside the work folder changed, the earlier "
+          "gradebook is byte-identical, no sandbox process or file is left")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["build"]:
+        build()
+        return 0
+    if argv[:1] == ["check"]:
+        jobs = int(argv[argv.index("--jobs") + 1]) if "--jobs" in argv else 2
+        return check(jobs)
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
