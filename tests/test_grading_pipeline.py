@@ -412,3 +412,56 @@ def test_expected_file_needs_totals_only_for_submitted_pairs(tmp_path):
     diff = driver.compare_expected(expected, totals, cells)
     # a named sample that vanished fails on its total
     assert list(zip(diff["learner"], diff["lab"], diff["expected"], diff["actual"])) == [("ann", "02_b", 5.0, 0.0)]
+
+
+def _processes_of(work: Path, seed: int) -> list[str]:
+    """Processes working in WORK (nbgrader runs in its shard) or carrying the submission's
+    COURSE_GRADING_SEED in their environment (nbgrader and the sandboxed kernel)."""
+    found = []
+    marker = f"COURSE_GRADING_SEED={seed}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(proc / "cwd")
+            environ = (proc / "environ").read_bytes()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if cwd.startswith(str(work)) or marker in environ.split(b"\0"):
+            found.append(f"{proc.name}: {cmdline[:200]}")
+    return found
+
+
+def test_sigterm_stops_the_driver_and_its_nbgrader_processes(tmp_path):
+    """SIGTERM while a submission is being graded: the driver exits 2 saying so, and no nbgrader
+    process of that run (nor its kernel) is left behind."""
+    import signal
+    import time
+
+    write_source(tmp_path)
+    release = stock_release(tmp_path)
+    nb = nbformat.read(release, as_version=4)
+    (cell,) = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "add"]
+    cell.source = "import time\ntime.sleep(600)\ndef add(a, b):\n    return a + b"
+    path = tmp_path / "batch" / "slow" / LAB / f"{LAB}.ipynb"
+    path.parent.mkdir(parents=True)
+    nbformat.write(nb, path)
+    work = tmp_path / "work"
+    proc = subprocess.Popen([sys.executable, str(DRIVER), str(tmp_path / "batch"), "--root", str(tmp_path),
+                             "--work", str(work), "--seed", "4242"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    seed = load_driver().submission_seed(4242, "slow", LAB)
+    log = work / "shards" / "0000" / "nbgrader.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "Autograding" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.5)
+    assert "Autograding" in log.read_text(), "the shard never started"
+    time.sleep(3)   # the kernel is running the sleeping cell
+    assert len(_processes_of(work, seed)) >= 2   # nbgrader and the kernel: what must not outlive the driver
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, out + err
+    assert "stopped by SIGTERM" in err
+    time.sleep(2)
+    assert _processes_of(work, seed) == []
