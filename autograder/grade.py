@@ -58,6 +58,7 @@ import re
 import shutil
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 import threading
@@ -113,9 +114,11 @@ class Submission:
     shard: Path | None = None  # the course copy it was graded in
     timestamp: object = None  # submission time nbgrader read from timestamp.txt, if any
     seed: int | None = None  # COURSE_GRADING_SEED its hidden tests ran with
+    judge_seed: int | None = None  # COURSE_JUDGE_SEED of the judge (never inside the kernel)
     judge_flags: list[dict] = field(default_factory=list)  # cells where the kernel and the judge disagreed
     notebook: str = ""  # the submitted file's name when it is not {lab}.ipynb (graded under that name)
     tampering: list[str] = field(default_factory=list)  # changes to locked/graded cells, undone before grading
+    skipped: list[str] = field(default_factory=list)  # symlinks and special files left out of the copy
 
 
 # --------------------------------------------------------------------------------------
@@ -157,6 +160,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def judge_seed_of(run_seed: int, learner: str, lab: str) -> int:
+    """The judge's base seed for one submission, derived from the run seed like submission_seed
+    but under another label. It reaches nbgrader as COURSE_JUDGE_SEED, which the sandbox never
+    passes into the kernel (and the kernel's COURSE_GRADING_SEED, a sha256 of the run seed, does
+    not give it back), so learner code cannot work out the judge's inputs."""
+    digest = hashlib.sha256(f"{run_seed}\0{learner}\0{lab}\0judge".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
 def submission_seed(run_seed: int, learner: str, lab: str) -> int:
     """The hidden-test seed of one submission: 32 bits of sha256(run seed, learner, lab).
 
@@ -186,9 +198,9 @@ def submitted_notebook(folder: Path, lab: str) -> tuple[Path | None, str]:
     other ``*.ipynb`` there (a renamed notebook: graded, and flagged in the table); returns
     (path, '') or (None, why)."""
     path = folder / f"{lab}.ipynb"
-    if path.is_file():
+    if path.is_file() or path.is_symlink():
         return path, ""
-    others = sorted(p for p in folder.glob("*.ipynb") if p.is_file())
+    others = sorted(p for p in folder.glob("*.ipynb") if p.is_file() or p.is_symlink())
     if len(others) == 1:
         return others[0], ""
     found = (f"; found {', '.join(p.name for p in others)} (rename the one to grade)" if others
@@ -201,6 +213,8 @@ def notebook_problem(folder: Path, lab: str) -> str:
     path, why = submitted_notebook(folder, lab)
     if path is None:
         return why
+    if path.is_symlink():
+        return f"{path.name} is a symbolic link; submit the notebook file itself"
     try:
         nb = json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -215,6 +229,38 @@ def notebook_problem(folder: Path, lab: str) -> str:
     if not isinstance(cells, list) or not all(isinstance(c, dict) and "cell_type" in c for c in cells):
         return f"{path.name} has no valid cell list"
     return ""
+
+
+def links_and_special_files(folder: Path) -> list[str]:
+    """Paths under FOLDER (relative) that are symlinks or not regular files/folders. They are not
+    copied into the course: nbgrader would follow a link (to solutions, the gradebook, /etc/...)
+    when it copies the submission, and hand what it points to to the kernel and the feedback."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                continue
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                found.append(str(path.relative_to(folder)))
+    return sorted(found)
+
+
+def _copy_ignoring_links(folder: str, names: list[str]) -> set[str]:
+    """shutil.copytree ignore function: skip symlinks, special files and editor/cache debris."""
+    skipped = set()
+    for name in names:
+        try:
+            mode = os.lstat(os.path.join(folder, name)).st_mode
+        except OSError:
+            skipped.add(name)
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) or name in (".ipynb_checkpoints", "__pycache__") \
+                or name.endswith(".pyc"):
+            skipped.add(name)
+    return skipped
 
 
 def known_labs(root: Path) -> set[str]:
@@ -233,18 +279,21 @@ def find_submissions(submissions: Path, labs_available: set[str]) -> list[Submis
     """
     if not submissions.is_dir():
         raise InfrastructureError(f"submissions folder {submissions} does not exist")
-    learners = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
+    learners = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.is_symlink()
+                      and not p.name.startswith("."))
     if not learners:
         raise InfrastructureError(f"no learner folders in {submissions}")
     labs = sorted({lab.name for learner in learners for lab in learner.iterdir()
-                   if lab.is_dir() and not lab.name.startswith(".")})
+                   if lab.is_dir() and not lab.is_symlink() and not lab.name.startswith(".")})
     if not labs:
         raise InfrastructureError(f"no lab folders in {submissions} (expected {{learner}}/{{lab}}/{{lab}}.ipynb)")
     rows = []
     for learner in learners:
         for lab in labs:
             row = Submission(learner.name, lab, folder=learner / lab)
-            if not row.folder.is_dir():
+            if row.folder.is_symlink():
+                row.error = f"{lab} is a symbolic link; submit the folder itself"
+            elif not row.folder.is_dir():
                 row.folder, row.error = None, NOT_SUBMITTED
             elif lab not in labs_available:
                 row.error = f"unknown lab: no solutions/{lab}/{lab}.ipynb"
@@ -253,6 +302,8 @@ def find_submissions(submissions: Path, labs_available: set[str]) -> list[Submis
                 path, _ = submitted_notebook(row.folder, lab)
                 if not row.error and path.name != f"{lab}.ipynb":
                     row.notebook = path.name
+                if not row.error:
+                    row.skipped = links_and_special_files(row.folder)
             rows.append(row)
     return rows
 
@@ -449,7 +500,7 @@ def build_course(work: Path, root: Path, submissions: Path, labs: list[str],
     ignore = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "*.pyc")
     for lab in labs:
         shutil.copytree(root / "solutions" / lab, course / "source" / lab, ignore=ignore)
-    shutil.copytree(submissions, course / "submitted", ignore=ignore, symlinks=True)
+    shutil.copytree(submissions, course / "submitted", ignore=_copy_ignoring_links)
     for lab in labs:
         code, why = run_nbgrader(["generate_assignment", lab], course, work / "logs" / f"generate_{lab}.log", env)
         if code != 0:
@@ -613,20 +664,23 @@ def grade_shard(course: Path, row: Submission, course_id: str, env: dict[str, st
     shutil.copy2(course / "gradebook.db", shard)
     shutil.copytree(course / "source" / row.lab, shard / "source" / row.lab)
     submitted = shard / "submitted" / row.learner / row.lab
-    shutil.copytree(course / "submitted" / row.learner / row.lab, submitted, symlinks=True)
+    shutil.copytree(course / "submitted" / row.learner / row.lab, submitted, ignore=_copy_ignoring_links)
     if row.notebook:  # a renamed notebook: nbgrader looks for {lab}.ipynb
         (submitted / row.notebook).rename(submitted / f"{row.lab}.ipynb")
     row.tampering = tampering(submitted / f"{row.lab}.ipynb", course / "release" / row.lab / f"{row.lab}.ipynb")
     log = shard / "nbgrader.log"
     try:
         before = gradebook_rows(shard / "gradebook.db", row.learner)
-        env = {**env, "COURSE_GRADING_SEED": str(row.seed)} if row.seed is not None else env
+        if row.seed is not None:
+            env = {**env, "COURSE_GRADING_SEED": str(row.seed), "COURSE_JUDGE_SEED": str(row.judge_seed)}
         code, why = run_nbgrader(["autograde", row.lab, "--student", row.learner], shard, log, env, timeout)
         if code != 0:
             row.error = f"autograde failed: {why}"
             return
         judge = load_judge()
         records = judge.read_verdicts(shard / "autograded" / row.learner / row.lab, row.learner, row.lab)
+        for verdicts in (shard / "autograded" / row.learner / row.lab).glob("*" + judge.VERDICT_SUFFIX):
+            verdicts.rename(shard / verdicts.name)  # generate_feedback copies the folder's other files
         row.judge_flags = judge.apply_verdicts(f"sqlite:///{shard / 'gradebook.db'}", records, course_id=course_id)
         changed = gradebook_changes(before, gradebook_rows(shard / "gradebook.db", row.learner))
         if changed:  # only nbgrader and the judge write it, and only this learner's rows
@@ -656,7 +710,7 @@ def grade_all(course: Path, work: Path, rows: list[Submission], course_id: str, 
             except Exception as exc:  # a broken shard must not stop the batch
                 row.error = f"grading crashed: {type(exc).__name__}: {exc}"
             status = f"{row.score:g}/{row.max_score:g}" if row.graded else "not graded"
-            note = f" [{row.error}]" if row.error else ""
+            note = f" [{printable(row.error)}]" if row.error else ""
             print(f"  [{done}/{len(todo)}] {row.learner} / {row.lab}: {status}{note} ({row.seconds:.1f} s)",
                   flush=True)
 
@@ -716,10 +770,19 @@ def check_merge(course: Path, rows: list[Submission], course_id: str) -> None:
 # Tables
 
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """TEXT with control characters (terminal escapes, newlines, bells) shown as \\xNN: names and
+    notes taken from a submission must not move the cursor or forge rows in the table or CSV."""
+    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
 def totals_table(rows: list[Submission]) -> pd.DataFrame:
     return pd.DataFrame(
-        [{"learner": r.learner, "lab": r.lab, "score": r.score, "max_score": r.max_score, "error": r.error,
-          "seed": r.seed, "judge_flags": len(r.judge_flags), "flags": "; ".join(flag_notes(r))}
+        [{"learner": r.learner, "lab": r.lab, "score": r.score, "max_score": r.max_score, "error": printable(r.error),
+          "seed": r.seed, "judge_flags": len(r.judge_flags), "flags": printable("; ".join(flag_notes(r)))}
          for r in sorted(rows, key=lambda r: (r.learner, r.lab))],
         columns=["learner", "lab", "score", "max_score", "error", "seed", "judge_flags", "flags"],
     ).astype({"seed": "Int64"})
@@ -729,6 +792,7 @@ def flag_notes(row: Submission) -> list[str]:
     """What an instructor should look at in a graded row: a renamed notebook, edited or deleted
     graded cells (undone before grading), cells where the learner's kernel and the judge disagreed."""
     notes = [f"graded {row.notebook} as {row.lab}.ipynb"] if row.notebook else []
+    notes += [f"not copied (symlink or special file): {name}" for name in row.skipped]
     notes += row.tampering
     notes += [f"{f['cell']}: judge disagreed with the kernel" for f in row.judge_flags]
     return notes
@@ -849,6 +913,7 @@ def run(args: argparse.Namespace) -> int:
     todo = [r for r in rows if not r.error]
     for row in todo:
         row.seed = submission_seed(args.seed, row.learner, row.lab)
+        row.judge_seed = judge_seed_of(args.seed, row.learner, row.lab)
     rejected = sum(1 for r in rows if r.error and r.error != NOT_SUBMITTED)
     print(f"Grading {len(todo)} submission(s) with {args.jobs} job(s); {rejected} rejected before grading; "
           f"hidden-test run seed {args.seed} (replay: --seed {args.seed}).", flush=True)
@@ -873,6 +938,7 @@ def run(args: argparse.Namespace) -> int:
     flags = pd.DataFrame([f for r in rows for f in r.judge_flags],
                          columns=["learner", "lab", "notebook", "cell", "points", "in_kernel", "judge", "score",
                                   "message"])
+    flags["message"] = flags["message"].map(printable)
     flags.to_csv(args.work / "judge_disagreements.csv", index=False)
     print("\nGrades:\n" + show(totals))
     if args.per_test:

@@ -203,7 +203,6 @@ def a_cells_restructured(nb):
     i = cell_index(nb, "kv_bytes_per_token")
     draft = copy.deepcopy(nb.cells[i])
     draft.source = "def kv_bytes_per_token(config, bytes_per_value=2):\n    return 0  # first draft"
-    draft["id"] = "kv-first-draft"
     nb.cells.insert(i, draft)
     # the intensity solution cell split in two (gemm_intensity in a new, plain cell)
     i = cell_index(nb, "intensity")
@@ -331,6 +330,59 @@ def _in_gemm(body: str):
     return edit
 
 
+def a_symlink_leak(nb):
+    """Every solution cell reads the instructor's source notebook through a symlink planted next to
+    the submission (build() makes the links) and runs its solution."""
+    for gid in ("count_parameters", "kv_bytes_per_token", "prefill_time", "decode_step_bound", "intensity",
+                "requests_that_fit"):
+        nb.cells[cell_index(nb, gid)].source = (
+            "import json as _json\n"
+            "_cells = _json.load(open('leak_src.txt'))['cells']\n"
+            "_src = {c['metadata'].get('nbgrader', {}).get('grade_id'): ''.join(c['source']) for c in _cells}\n"
+            f"exec(_src[{gid!r}])")
+
+
+LEAK_LINKS = {"leak_src.txt": "../../../source/01_roofline/01_roofline.ipynb",
+              "leak_gradebook.txt": "../../../gradebook.db", "leak_shadow.txt": "/etc/shadow",
+              "leak_solutions.txt": "../../../../solutions/01_roofline/01_roofline.ipynb"}
+XSS_MARK = "HOSTILE-XSS"
+
+
+def a_xss_feedback(nb):
+    append_to(nb, "count_parameters", f'''
+from IPython.display import HTML, Javascript, display
+display(HTML("<script>document.title='{XSS_MARK}-SCRIPT'</script><img src=x onerror=\\"document.title='{XSS_MARK}-IMG'\\">"))
+display(Javascript("document.title='{XSS_MARK}-JS'"))
+''')
+
+
+def a_terminal_escapes(nb):
+    from nbformat.v4 import new_markdown_cell
+
+    cell = new_markdown_cell("notes")
+    cell.metadata["nbgrader"] = {"grade_id": "\x1b[2K\r\x1b[1A\x1b[32mHOSTILE-TERM\x1b[0m\x1b]0;title\x07",
+                                 "schema_version": 3, "grade": False, "solution": False, "locked": False}
+    nb.cells.insert(2, cell)
+
+
+def a_judge_memory(nb):
+    insert_code_after(nb, "count_parameters", '''
+import course_lib.grading.remote as _remote
+_dumps, _sent = _remote.dumps, []
+
+
+def _huge_dumps(message):
+    """The first answer to the judge: 150 MB of nested empty lists (gigabytes once parsed)."""
+    if not _sent and isinstance(message, dict) and message.get("op") == "returned":
+        _sent.append(1)
+        return "[" + "[]," * 50_000_000 + "[]]"
+    return _dumps(message)
+
+
+_remote.dumps = _huge_dumps
+''')
+
+
 HOSTILE_L1 = {
     "stderr_warnings": a_stderr,
     "test_source_replaced": a_test_source_replaced,
@@ -358,6 +410,10 @@ HOSTILE_L1 = {
         "            '    except OSError:\\n        time.sleep(0.05)\\n')\n"
         "    subprocess.run([sys.executable, '-c', bomb], timeout=30)\n"
         "    raise RuntimeError('the fork bomb finished')"),
+    "symlink_leak": a_symlink_leak,
+    "xss_feedback": a_xss_feedback,
+    "terminal_escapes": a_terminal_escapes,
+    "judge_memory": a_judge_memory,
     "gigabyte_output": _in_gemm("    if not getattr(gemm_intensity, 'shouted', False):\n"
                                 "        gemm_intensity.shouted = True\n"
                                 "        for _ in range(1024):\n            print('x' * (1 << 20))"),
@@ -466,9 +522,44 @@ def first_divergence(a, b):
 ''')
 
 
+def a_no_cache_hooks_cleared(nb):
+    """Full recompute instead of the cache, with the model's forward hooks (where the checkers count
+    token ids) removed during the call and put back after."""
+    nb.cells[cell_index(nb, "generate_with_cache")].source = '''@torch.no_grad()
+def generate_with_cache(model, prompt, max_new_tokens):
+    emb = model.embed_tokens
+    saved = dict(emb._forward_hooks)
+    emb._forward_hooks.clear()
+    try:
+        ids, tokens, logits = prompt.clone(), [], []
+        for _ in range(max_new_tokens):
+            step = model(ids.view(1, -1), torch.arange(ids.numel()))[0, -1]
+            token = int(step.argmax())
+            tokens.append(token)
+            logits.append(step)
+            ids = torch.cat([ids, torch.tensor([token])])
+        return tokens, torch.stack(logits)
+    finally:
+        emb._forward_hooks.update(saved)'''
+    nb.cells[cell_index(nb, "score_suffixes")].source = '''@torch.no_grad()
+def score_suffixes(model, prefix, suffixes):
+    emb = model.embed_tokens
+    saved = dict(emb._forward_hooks)
+    emb._forward_hooks.clear()
+    try:
+        out = []
+        for suffix in suffixes:
+            ids = torch.cat([prefix, suffix])
+            out.append(model(ids.view(1, -1), torch.arange(ids.numel()))[0, -1])
+        return out
+    finally:
+        emb._forward_hooks.update(saved)'''
+
+
 HOSTILE_L2 = {
     "patched_torch": a_patched_torch,
     "lying_objects": a_lying_objects,
+    "no_cache_hooks_cleared": a_no_cache_hooks_cleared,
 }
 
 
@@ -477,7 +568,7 @@ def build() -> None:
 
     if HOSTILE.exists():
         for path in sorted(HOSTILE.rglob("*"), reverse=True):
-            if path.is_file() and path.name != "expected_scores.csv":
+            if (path.is_symlink() or path.is_file()) and path.name != "expected_scores.csv":
                 path.unlink()
             elif path.is_dir():
                 path.rmdir() if not any(path.iterdir()) else None
@@ -498,8 +589,17 @@ def build() -> None:
         for learner, edit in table.items():
             nb = copy.deepcopy(solved[lab])
             edit(nb)
+            known = {cell.get("id") for cell in solved[lab].cells}
+            for i, cell in enumerate(nb.cells):   # new cells: ids that do not change between builds
+                if cell.get("id") not in known:
+                    cell["id"] = f"hostile-{i}"
             write(learner, lab, nb)
     write("renamed_notebook", L1, solved[L1], name="01_roofline (copy 2).ipynb")
+    for name, target in LEAK_LINKS.items():   # symlinks are never copied into the course
+        os.symlink(target, HOSTILE / "symlink_leak" / L1 / name)
+    folder = HOSTILE / "notebook_symlink" / L1
+    folder.mkdir(parents=True, exist_ok=True)
+    os.symlink(f"../../../../solutions/{L1}/{L1}.ipynb", folder / f"{L1}.ipynb")
     # files nbgrader cannot read: clear per-row errors, the batch goes on
     folder = HOSTILE / "corrupt_json" / L1
     folder.mkdir(parents=True, exist_ok=True)
@@ -591,7 +691,18 @@ def check(jobs: int) -> int:
     if old_gradebook is not None and OLD_GRADEBOOK.read_bytes() != old_gradebook:
         problems.append(f"{OLD_GRADEBOOK} changed during the hostile batch")
     problems += [f"left behind: {item}" for item in sorted(set(sandbox_leftovers(WORK)) - leftovers)]
+    feedback = WORK / "course" / "feedback"
+    for page in sorted(feedback.rglob("*.html")):
+        text = page.read_text(errors="replace")
+        if f"<script>document.title='{XSS_MARK}" in text or "onerror=" in text or f"document.title='{XSS_MARK}-JS'" in text:
+            problems.append(f"learner script in the feedback page {page.relative_to(WORK)}")
+        if "### BEGIN HIDDEN TESTS" in text:
+            problems.append(f"hidden tests in the feedback page {page.relative_to(WORK)}")
+    problems += [f"copied into the feedback: {p.relative_to(WORK)}" for p in sorted(feedback.rglob("*"))
+                 if p.is_file() and (p.name.startswith("leak_") or p.name.endswith(".judge.json"))]
     grades = WORK / "grades.csv"
+    if grades.is_file() and "\x1b" in grades.read_text(errors="replace"):
+        problems.append("a terminal escape from a submission reached grades.csv")
     if grades.is_file():
         with open(grades, newline="") as f:
             rows = list(csv.DictReader(f))

@@ -554,7 +554,7 @@ class KernelSession:
             if type(counts) is not list or any(type(n) is not int or n < 0 for n in counts) or len(counts) > 100_000:
                 raise remote.RemoteDataError("bad embed counts")
             total += sum(counts)
-            if total > 10_000_000:
+            if total > 1_000_000:
                 raise remote.RemoteDataError("embed counts over the limit")
             model = objects[entry[0]]
             if model.embed_tokens._forward_hooks or model.embed_tokens._forward_pre_hooks:

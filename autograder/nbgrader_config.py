@@ -143,6 +143,10 @@ c.Autograde.autograde_preprocessors = [
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
 from nbgrader.preprocessors import ClearHiddenTests, GetGrades  # noqa: E402
 
+# Learner outputs are untrusted HTML: scripts, event handlers and Javascript outputs are stripped
+# from the feedback page (an instructor opening it would otherwise run the learner's script).
+c.HTMLExporter.sanitize_html = True
+
 if os.environ.get("COURSE_FEEDBACK_SHOWS_HIDDEN_TESTS") != "1":
     c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, _module.RedactHiddenTracebacks,
                                         CSSHTMLHeaderPreprocessor]

@@ -111,13 +111,16 @@ class RedactHiddenTracebacks(NbGraderPreprocessor):
     This preprocessor rewrites each traceback frame of a graded code cell's error outputs with
     ``redact_hidden_lines``; when the error was raised by a hidden line, the message is cut down
     by the judge's ``redact`` (the contract, the error's size and the named fault stay; drawn
-    inputs and expected values go). The exception's type stays.
+    inputs and expected values go). The exception's type stays. Printed text of graded cells gets
+    ``redact_hidden_lines`` too (learner code can print the source of the cell running it).
     """
 
     def preprocess_cell(self, cell, resources, cell_index):
         if cell.cell_type != "code" or not utils.is_grade(cell):
             return cell, resources
         for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream":     # a learner printing the running cell's source
+                output["text"] = redact_hidden_lines(output.get("text", ""))
             if output.get("output_type") != "error":
                 continue
             frames = output.get("traceback", [])

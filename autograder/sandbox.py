@@ -118,7 +118,8 @@ ETC_ENTRIES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezo
 DEFAULT_ENV_PASSTHROUGH = ("COURSE_*", "NBGRADER_EXECUTION", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                            "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TORCH_NUM_THREADS",
                            "TRITON_*", "PYTHONHASHSEED", "TZ", "LANG", "LC_ALL")
-ENV_NEVER_PASSED = ("COURSE_SANDBOX_",)  # reserved for sandbox settings; never passed in
+# reserved for sandbox settings and the judge's seed (the kernel must not predict the judge's inputs)
+ENV_NEVER_PASSED = ("COURSE_SANDBOX_", "COURSE_JUDGE_")
 
 log = logging.getLogger(__name__)
 
@@ -421,6 +422,30 @@ def runtime_root() -> Path:
     return Path(os.path.realpath(root))
 
 
+OWNER_FILE = "owner"  # in each sandbox's host folder: the pid of the grading process that made it
+
+
+def sweep_stale_sandboxes(root: Path) -> list[Path]:
+    """Remove the host folders of sandboxes whose grading process is gone (killed before it could
+    clean up, e.g. by SIGKILL); returns them. A folder without an owner file is left alone."""
+    removed = []
+    for folder in root.glob("s-*"):
+        try:
+            pid = int((folder / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+            continue                      # still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
 def _uid_has_processes(uid: int) -> bool:
     """Whether any live process on the host runs as UID (scans /proc)."""
     for entry in os.scandir("/proc"):
@@ -559,9 +584,11 @@ class Sandbox:
         self.devices = [d for d in devices if os.path.exists(d)]
         self.ro_binds = default_ro_binds(extra_ro_binds)
         root = runtime_root()
+        sweep_stale_sandboxes(root)
         self._lease: UidLease | None = None
         self.host_dir = root / f"s-{uuid.uuid4().hex[:12]}"
         self.host_dir.mkdir(mode=0o700)
+        (self.host_dir / OWNER_FILE).write_text(str(os.getpid()))
         try:
             if self.mode == "root":
                 self._lease = lease_uid(uid_base, uid_count, root)

@@ -93,6 +93,28 @@ def test_full_recompute_is_not_a_cache():
         lab02.check_generation(lambda m, p, n: generate_full_recompute(m, p, n), seed=1, max_new_tokens=16)
 
 
+def _hooks_cleared(fn):
+    """FN run with the model's embedding hooks (where the checkers count token ids) removed."""
+    def run(model, *args):
+        saved = dict(model.embed_tokens._forward_hooks)
+        model.embed_tokens._forward_hooks.clear()
+        try:
+            return fn(model, *args)
+        finally:
+            model.embed_tokens._forward_hooks.update(saved)
+    return run
+
+
+def test_a_recompute_hidden_from_the_token_counter_is_caught():
+    """Removing the counting hook during the call leaves too few counted token ids: that fails too."""
+    from course_lib.models import generate_full_recompute
+    with pytest.raises(ContractError, match="only 0 token ids"):
+        lab02.check_generation(_hooks_cleared(lambda m, p, n: generate_full_recompute(m, p, n)), seed=1,
+                               max_new_tokens=16)
+    with pytest.raises(ContractError, match="only 0 token ids"):
+        lab02.check_suffix_scores(_hooks_cleared(ref.score_suffixes), seed=2)
+
+
 def test_missing_copy_on_write_is_caught():
     def append(pool, seq, k, v):
         for t in range(k.shape[0]):

@@ -465,3 +465,23 @@ def test_sigterm_stops_the_driver_and_its_nbgrader_processes(tmp_path):
     assert "stopped by SIGTERM" in err
     time.sleep(2)
     assert _processes_of(work, seed) == []
+
+
+def test_links_are_not_copied_and_control_characters_are_shown_escaped(tmp_path):
+    driver = load_driver()
+    folder = tmp_path / "learner" / LAB
+    folder.mkdir(parents=True)
+    (folder / f"{LAB}.ipynb").write_text("{}")
+    (folder / "notes.txt").write_text("mine")
+    os.symlink("/etc/shadow", folder / "shadow.txt")
+    os.symlink("../../elsewhere", folder / "dir_link")
+    os.mkfifo(folder / "pipe")
+    assert driver.links_and_special_files(folder) == ["dir_link", "pipe", "shadow.txt"]
+    import shutil
+    shutil.copytree(folder, tmp_path / "copy", ignore=driver._copy_ignoring_links)
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == [f"{LAB}.ipynb", "notes.txt"]
+    os.symlink(tmp_path / "copy" / f"{LAB}.ipynb", tmp_path / "linked.ipynb")
+    (folder / f"{LAB}.ipynb").unlink()
+    os.symlink(tmp_path / "copy" / f"{LAB}.ipynb", folder / f"{LAB}.ipynb")
+    assert "symbolic link" in driver.notebook_problem(folder, LAB)
+    assert driver.printable("a\x1b[2Kb\r\n\x07") == "a\\x1b[2Kb\\x0d\\x0a\\x07"

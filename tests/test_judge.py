@@ -1040,3 +1040,14 @@ def test_nbgrader_autograde_with_the_judge(tmp_path):
     assert {r["student"]: r["cells"][0]["status"] for r in records} == {"honest": "passed", "tamperer": "failed"}
     flagged = judge.apply_verdicts(db, records)
     assert [(f["learner"], f["in_kernel"], f["judge"]) for f in flagged] == [("tamperer", "passed", "failed")]
+
+
+def test_a_message_that_would_balloon_when_parsed_is_refused_before_parsing():
+    """Nested empty lists cost ~60 bytes each once parsed: a message with more JSON elements than
+    the item limit allows is refused from a count of its brackets and commas, quickly."""
+    bomb = "[" + "[]," * (2 * remote.LIMITS.max_items) + "[]]"
+    start = time.monotonic()
+    with pytest.raises(remote.RemoteDataError, match="JSON elements"):
+        remote.loads(bomb)
+    assert time.monotonic() - start < 5
+    assert remote.loads("[" + "[]," * 1000 + "[]]")[0] == []   # a normal message still parses

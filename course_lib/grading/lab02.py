@@ -212,7 +212,8 @@ def check_generation(fn: Callable, seed: int = 0, model: Decoder | None = None,
     (n,) int64 (or a list of ints) and logits (n, vocab) float32, equal to greedy generation with
     a full recompute at every step: logits within atol 1e-5 + rtol 1e-5 on the common prefix,
     each token the argmax of its logits; and the loop must use the cache: at most T0 + n token
-    ids go through the model (a full recompute feeds about T0*n + n^2/2)."""
+    ids go through the model (a full recompute feeds about T0*n + n^2/2), and at least T0 + n - 1
+    (fewer means the model's embedding, where they are counted, was bypassed)."""
     check_own_function("generate_with_cache", fn)
     model = model if model is not None else _hidden_model(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -250,6 +251,11 @@ def check_generation(fn: Callable, seed: int = 0, model: Decoder | None = None,
     if counter.count > limit:
         raise ContractError(f"the logits are right but {counter.count} token ids went through the model; a "
                             f"cached loop feeds the prompt once and then one token per step (<= {limit})")
+    floor = prompt_len + max_new_tokens - 1
+    if counter.count < floor:
+        raise ContractError(f"only {counter.count} token ids went through model.embed_tokens, fewer than any "
+                            f"generation feeds (>= {floor}: the prompt, then every new token but the last); call "
+                            "the model itself and leave its hooks alone")
 
 
 # -- cache bytes ------------------------------------------------------------------------------
@@ -335,7 +341,8 @@ def check_suffix_scores(fn: Callable, seed: int = 0, model: Decoder | None = Non
                         atol: float = 1e-4, rtol: float = 1e-5) -> None:
     """Contract: fn(model, prefix (P,) int64, suffixes list of (S_i,) int64) returns one (vocab,)
     float32 tensor per suffix, equal to the last-position logits of a cold full forward of
-    prefix + suffix (atol 1e-4, rtol 1e-5), while running the prefix through the model once."""
+    prefix + suffix (atol 1e-4, rtol 1e-5), while running the prefix through the model once: exactly
+    P + sum(S_i) token ids go through the model's embedding (fewer means it was bypassed)."""
     check_own_function("score_suffixes", fn)
     model = model if model is not None else _hidden_model(seed + 1)
     rng = random.Random(seed)
@@ -370,6 +377,10 @@ def check_suffix_scores(fn: Callable, seed: int = 0, model: Decoder | None = Non
     if counter.count > limit:
         raise ContractError(f"the logits are right but {counter.count} token ids went through the model; reusing "
                             f"the prefix cache feeds the prefix once and each suffix once (<= {limit})")
+    if counter.count < limit:
+        raise ContractError(f"only {counter.count} token ids went through model.embed_tokens, but every one of "
+                            f"the {limit} prefix and suffix positions must be fed once; call the model itself "
+                            "and leave its hooks alone")
 
 
 # -- paged KV cache ---------------------------------------------------------------------------

@@ -74,11 +74,11 @@ class Limits:
     """Caps on what one message may hold (both sides check what they decode)."""
     max_depth = 64               # nesting of containers
     max_dims = 16                # tensor / array rank
-    max_tensor_bytes = 1 << 28   # one tensor or array: 256 MiB
-    max_total_bytes = 1 << 29    # all tensors and arrays of one message: 512 MiB
-    max_items = 1 << 22          # container elements in one message
+    max_tensor_bytes = 1 << 26   # one tensor or array: 64 MiB
+    max_total_bytes = 1 << 27    # all tensors and arrays of one message: 128 MiB
+    max_items = 1 << 20          # container elements in one message
     max_str = 1 << 20            # characters of one str value
-    max_message = 3 << 28        # characters of one JSON message (768 Mi; base64 of 512 MiB fits)
+    max_message = 3 << 26        # characters of one JSON message (192 Mi; base64 of 128 MiB fits)
 
 
 LIMITS = Limits()
@@ -206,6 +206,11 @@ def loads(text) -> Any:
         raise RemoteDataError(f"expected JSON text, got {_type_name(text)}")
     if len(text) > LIMITS.max_message:
         raise RemoteDataError(f"message of {len(text):,} characters is over the limit")
+    # Parsed JSON costs far more memory than its text (a list per "[]", an object per number):
+    # count the elements before parsing, so a message cannot blow up the judge's memory.
+    elements = text.count(",") + text.count("[") + text.count("{")
+    if elements > 2 * LIMITS.max_items:
+        raise RemoteDataError(f"message with about {elements:,} JSON elements is over the limit")
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
