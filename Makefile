@@ -97,7 +97,7 @@ samples: setup
 hostile: setup
 	$(BIN)/python autograder/hostile.py build
 
-grade: setup sandbox
+grade: model sandbox
 	$(BIN)/python autograder/grade.py $(SUBMISSIONS) --jobs $(JOBS) $(GRADE_ARGS)
 
 clean:

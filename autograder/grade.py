@@ -291,6 +291,8 @@ def find_submissions(submissions: Path, labs_available: set[str]) -> list[Submis
     for learner in learners:
         for lab in labs:
             row = Submission(learner.name, lab, folder=learner / lab)
+            if lab not in labs_available and not row.folder.is_dir():
+                continue  # a misnamed lab folder of another learner: no "not submitted" row for it
             if row.folder.is_symlink():
                 row.error = f"{lab} is a symbolic link; submit the folder itself"
             elif not row.folder.is_dir():
@@ -794,7 +796,10 @@ def flag_notes(row: Submission) -> list[str]:
     notes = [f"graded {row.notebook} as {row.lab}.ipynb"] if row.notebook else []
     notes += [f"not copied (symlink or special file): {name}" for name in row.skipped]
     notes += row.tampering
-    notes += [f"{f['cell']}: judge disagreed with the kernel" for f in row.judge_flags]
+    notes += [f"{f['cell']}: the judge failed it, the kernel passed it (check for tampering)"
+              if f.get("in_kernel") == "passed" else
+              f"{f['cell']}: the kernel failed it, the judge passed it (their hidden inputs differ; the kernel's 0 stands)"
+              for f in row.judge_flags]
     return notes
 
 
@@ -944,6 +949,11 @@ def run(args: argparse.Namespace) -> int:
     if args.per_test:
         cells.to_csv(args.work / "grades_per_test.csv", index=False)
         print("\nPer graded cell:\n" + show(cells))
+    attention = totals[((totals.error != "") & (totals.error != NOT_SUBMITTED)) | (totals.flags != "")]
+    if not attention.empty:
+        print(f"\n{len(attention)} row(s) to look at (errors other than 'not submitted', or flags):")
+        for r in attention.itertuples():
+            print(f"  {r.learner} / {r.lab}: " + "; ".join(x for x in (r.error, r.flags) if x)[:300])
     print(f"\nGrades CSV:    {args.work / 'grades.csv'}")
     print(f"Judge flags:   {args.work / 'judge_disagreements.csv'} ({len(flags)} cell(s) where the learner's "
           "kernel and the judge disagreed)")

@@ -9,7 +9,15 @@ Stock nbgrader commands read this file when run from this folder:
     nbgrader generate_feedback 02_kv_cache
     nbgrader export
 
-From the repository root, pass the file instead: ``nbgrader <cmd> --config autograder/nbgrader_config.py``.
+From the repository root, pass the file instead (without ``.py``):
+``nbgrader <cmd> --NbGrader.config_file=autograder/nbgrader_config``.
+
+Learner code is sandboxed and judged here too, as under the driver: the end of this file puts
+``autograder/sandbox.py``'s SandboxExecute (bubblewrap kernels) in place of Execute and wraps it
+with the judge (``autograder/judge.py``; a cell the judge fails gets a JudgeVerdict error and
+scores 0). Where bubblewrap is unavailable, kernels refuse to start unless
+``COURSE_UNSAFE_NO_SANDBOX=1`` is set, and then every command prints that learner code runs
+unsandboxed.
 
 Paths: the course root is the repository root, found from this file's location.
 traitlets' PyFileConfigLoader executes config files with ``__file__`` set to the config
@@ -92,11 +100,20 @@ c.Execute.iopub_timeout = 30
 # nbgrader.utils.determine_grade gives 0 to a graded cell with a `stderr` stream output.
 # StderrToStdout (autograder/preprocessors.py) runs after Execute/IgnorePattern and before
 # SaveAutoGrades and turns such output into stdout under a "[stderr]" line.
-_spec = importlib.util.spec_from_file_location(
-    "course_autograder_preprocessors", os.path.join(_HERE, "preprocessors.py")
-)
-_module = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_module)
+def _load(name, filename):
+    """autograder/FILENAME as module NAME, loaded by path once per process (the driver and its
+    generated configs load sandbox.py and judge.py under the same names)."""
+    import sys
+
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(_HERE, filename))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_module = _load("course_autograder_preprocessors", "preprocessors.py")
 
 from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
 from nbgrader.preprocessors import (  # noqa: E402
@@ -150,3 +167,13 @@ c.HTMLExporter.sanitize_html = True
 if os.environ.get("COURSE_FEEDBACK_SHOWS_HIDDEN_TESTS") != "1":
     c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, _module.RedactHiddenTracebacks,
                                         CSSHTMLHeaderPreprocessor]
+
+# --- Learner code: sandboxed kernels and the judge, for the stock commands too --------------------
+# (the driver's generated config loads this file, then configures both again with its own limits)
+import sys as _sys  # noqa: E402
+
+SANDBOX_WARNING = _load("course_autograder_sandbox", "sandbox.py").configure_nbgrader(
+    c, allow_unsafe=os.environ.get("COURSE_UNSAFE_NO_SANDBOX") == "1")
+if SANDBOX_WARNING:
+    print(SANDBOX_WARNING, file=_sys.stderr)
+_load("course_autograder_judge", "judge.py").configure_nbgrader(c)

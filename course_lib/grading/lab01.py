@@ -113,10 +113,15 @@ def _diagnose(err: ContractError, got: float, variants: dict[str, Callable[[], f
     if not matches:
         return err
     if len(matches) == 1:
-        return ContractError(f"{err}\nDiagnosis: your number equals the formula with this fault: {matches[0]}")
+        return ContractError(f"{err}\nDiagnosis: your number equals the formula with this fault: {matches[0]}"
+                             f"\n{_LIKELY}")
     listed = "".join(f"\n  - {m}" for m in matches)
     return ContractError(f"{err}\nDiagnosis: your number equals the formula with any of these faults "
-                         f"(on these inputs they give the same value):{listed}")
+                         f"(on these inputs they give the same value):{listed}\n{_LIKELY}")
+
+
+_LIKELY = ("(a likely cause, not a certainty: a different bug can give the same value on these inputs; "
+           "check your code against the named formula)")
 
 
 # -- exercise 1: parameters and N_matmul -------------------------------------------------------

@@ -64,11 +64,14 @@ def _close(a: float, b: float) -> bool:
 def _named(err: str, matches: list[str]) -> ContractError:
     if not matches:
         return ContractError(err)
+    likely = ("(a likely cause, not a certainty: a different bug can give the same result on these inputs; "
+              "check your code against the named rule)")
     if len(matches) == 1:
-        return ContractError(f"{err}\nDiagnosis: your result equals the reference with this fault: {matches[0]}")
+        return ContractError(f"{err}\nDiagnosis: your result equals the reference with this fault: {matches[0]}"
+                             f"\n{likely}")
     listed = "".join(f"\n  - {m}" for m in matches)
     return ContractError(f"{err}\nDiagnosis: your result equals the reference with any of these faults "
-                         f"(on these inputs they coincide):{listed}")
+                         f"(on these inputs they coincide):{listed}\n{likely}")
 
 
 def _attempts(limit: int = 100_000):
