@@ -36,6 +36,12 @@ sys.path.insert(0, str(HERE))
 import grade  # noqa: E402
 
 WORK = ROOT / "build" / "bench-grading"
+# The course config sandboxes and judges every Execute step; the stock run puts nbgrader's own back.
+STOCK_LINES = [
+    "from nbgrader.preprocessors import Execute as _StockExecute",
+    "c.Autograde.autograde_preprocessors = [_StockExecute if isinstance(s, type) and issubclass(s, _StockExecute)"
+    " else s for s in c.Autograde.autograde_preprocessors]",
+]
 
 
 def make_batch(lab: str, copies: int, folder: Path) -> list[str]:
@@ -53,7 +59,7 @@ def make_batch(lab: str, copies: int, folder: Path) -> list[str]:
 
 def stock_run(lab: str, batch: Path, work: Path, env: dict) -> tuple[float, dict[str, float]]:
     grade.prepare_work(work, ROOT, batch)
-    course = grade.build_course(work, ROOT, batch, [lab], None, env, sandbox_lines=[])
+    course = grade.build_course(work, ROOT, batch, [lab], None, env, sandbox_lines=STOCK_LINES)
     course_id = grade.course_id_of(course / "gradebook.db")
     start = time.monotonic()
     code, why = grade.run_nbgrader(["autograde", lab], course, work / "logs" / "autograde.log", env)
