@@ -182,12 +182,10 @@ def _learner_exception(fn_name: str, kernel_type, message) -> LearnerRaised:
             base = getattr(builtins, kernel_type, None)
         elif kernel_type.startswith("course_lib.") and re.fullmatch(r"[A-Za-z0-9_.]+", kernel_type):
             module, _, name = kernel_type.rpartition(".")
-            try:
-                candidate = getattr(importlib.import_module(module), name)
-                if isinstance(candidate, type) and issubclass(candidate, Exception):
-                    base = candidate
-            except Exception:
-                base = None
+            # only modules the judge has imported already: a name from the kernel never makes it run new code
+            candidate = getattr(sys.modules.get(module), name, None)
+            if isinstance(candidate, type) and issubclass(candidate, Exception):
+                base = candidate
         bases = (LearnerRaised, base) if base is not None else (LearnerRaised,)
         cls = type("Learner" + (kernel_type.rpartition(".")[2] or "Exception"), bases,
                    {"kernel_type": kernel_type})
