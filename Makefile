@@ -13,7 +13,7 @@ LABS := 01_roofline 02_kv_cache 03_scheduling
 SUBMISSIONS ?= autograder/samples
 EXPECTED ?= autograder/samples/expected_scores.csv
 JOBS ?= 2
-# Extra options for autograder/grade.py in `make grade`, e.g. GRADE_ARGS="--per-test --seed 123".
+# Extra options for the grading driver (python -m course_grader.grade) in `make grade`, e.g. GRADE_ARGS="--per-test --seed 123".
 GRADE_ARGS ?=
 BUILD := build
 # No model hub at run time: artifacts come from the converted cache or the offline fallback.
@@ -42,10 +42,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Grading runs learner code inside bubblewrap (autograder/sandbox.py); on Debian/Ubuntu as root
+# Grading runs learner code inside bubblewrap (course_grader.sandbox); on Debian/Ubuntu as root
 # this installs it with apt when missing, elsewhere it says what to do.
 sandbox: setup
-	@$(BIN)/python autograder/sandbox.py install || echo "sandbox unavailable here: grading refuses to run \
+	@$(BIN)/python -m course_grader.sandbox install || echo "sandbox unavailable here: grading refuses to run \
 	learner code unless you accept the risk with GRADE_ARGS=--unsafe-no-sandbox"
 
 # Resolve (and on first use convert, ~20 s) the default model so later steps load it in ~1 s.
@@ -64,7 +64,7 @@ run: model sandbox
 	  grep -o '\[artifact\][^"\\]*' $(BUILD)/notebooks/$$lab.ipynb | sort -u | sed 's/^/   /' || true; \
 	done
 	$(MAKE) --no-print-directory release
-	$(BIN)/python autograder/grade.py autograder/samples --jobs $(JOBS) --expected $(EXPECTED) $(GRADE_ARGS)
+	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) $(GRADE_ARGS)
 
 test: model test-lib test-notebooks test-grading test-hostile
 
@@ -75,12 +75,12 @@ test-notebooks: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-cell-timeout=900 solutions
 
 test-grading: setup sandbox
-	$(BIN)/python autograder/grade.py autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --per-test $(GRADE_ARGS)
+	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --per-test $(GRADE_ARGS)
 
 # Hostile submissions (autograder/hostile/): cheats, crashes, bombs and escapes graded to their
 # expected scores, with checks that nothing outside the work folder and no other grade changed.
 test-hostile: setup sandbox
-	$(BIN)/python autograder/hostile.py check --jobs $(JOBS)
+	$(BIN)/python -m course_grader.hostile check --jobs $(JOBS)
 
 lab: setup
 	$(BIN)/jupyter lab labs
@@ -90,15 +90,15 @@ release: setup
 	@echo "labs/ regenerated from solutions/"
 
 samples: setup
-	$(BIN)/python autograder/make_samples.py
-	$(BIN)/python autograder/hostile.py build
+	$(BIN)/python -m course_grader.samples
+	$(BIN)/python -m course_grader.hostile build
 
 # The hostile submissions alone (also rebuilt by `make samples`, from the solution sample).
 hostile: setup
-	$(BIN)/python autograder/hostile.py build
+	$(BIN)/python -m course_grader.hostile build
 
 grade: model sandbox
-	$(BIN)/python autograder/grade.py $(SUBMISSIONS) --jobs $(JOBS) $(GRADE_ARGS)
+	$(BIN)/python -m course_grader.grade $(SUBMISSIONS) --jobs $(JOBS) $(GRADE_ARGS)
 
 clean:
 	rm -rf $(BUILD) autograder/work .pytest_cache

@@ -10,7 +10,6 @@ submissions (`--jobs 1` and `--jobs 2`) and every test reads those two runs.
 from __future__ import annotations
 
 import html
-import importlib.util
 import json
 import re
 import os
@@ -29,7 +28,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("grading_pipeline")]
 
 REPO = Path(__file__).resolve().parents[1]
-DRIVER = REPO / "autograder" / "grade.py"
+DRIVER = [sys.executable, "-m", "course_grader.grade"]
 CONFIG = REPO / "autograder" / "nbgrader_config.py"
 LAB = "01_tiny"
 COMMA_LEARNER = "smith, john"
@@ -64,11 +63,9 @@ EXPECTED_TOTALS = {"alice": 3, "bob": 0, "carol": 1, "dave": 3, "eve": 0, COMMA_
 
 
 def load_driver():
-    spec = importlib.util.spec_from_file_location("course_grade_driver", DRIVER)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    from course_grader import grade
+
+    return grade
 
 
 def nbgrader_meta(grade=False, solution=False, locked=False, grade_id="", points=None):
@@ -136,7 +133,7 @@ def snapshot(*folders: Path) -> dict[Path, bytes]:
 
 
 def run_driver(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(DRIVER), *map(str, args)], capture_output=True, text=True, env=env)
+    return subprocess.run([*DRIVER, *map(str, args)], capture_output=True, text=True, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -287,9 +284,7 @@ def test_feedback_and_inputs(pipeline):
 
 
 def test_hidden_lines_are_redacted_from_tracebacks():
-    spec = importlib.util.spec_from_file_location("course_preprocessors_test", REPO / "autograder" / "preprocessors.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from course_grader import preprocessors as module
     frame = ("\x1b[0;32m      1\x1b[0m assert add(0, 0) == 0\n"
              "\x1b[0;32m      2\x1b[0m ### BEGIN HIDDEN TESTS\n"
              "\x1b[0;32m----> 3\x1b[0m assert add(-1, 5) == 4\n"
@@ -303,9 +298,7 @@ def test_hidden_lines_are_redacted_from_tracebacks():
 def test_a_failing_hidden_check_loses_its_drawn_inputs_in_feedback():
     """The message of an error raised by a hidden line is cut down to the contract and the size of
     the error; an error raised by a visible line keeps its message."""
-    spec = importlib.util.spec_from_file_location("course_preprocessors_test2", REPO / "autograder" / "preprocessors.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from course_grader import preprocessors as module
     message = ("prefill_time(case 0: L 2, d 768, 6 query / 2 KV heads of 128; 230 tokens, mfu 0.75): expected "
                "1.70376e-05, got 1 (must agree to 4 significant figures, relative error <= 0.0005)")
 
@@ -332,9 +325,7 @@ def test_a_failing_hidden_check_loses_its_drawn_inputs_in_feedback():
 def test_stderr_preprocessor_changes_the_stock_grade():
     from nbgrader.utils import determine_grade
 
-    spec = importlib.util.spec_from_file_location("course_preprocessors", REPO / "autograder" / "preprocessors.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from course_grader import preprocessors as module
     cell = new_code_cell(VISIBLE_TEST, metadata=nbgrader_meta(grade=True, locked=True, grade_id="t", points=2))
     cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text="UserWarning: old\n")]
     assert determine_grade(cell)[0] == 0  # stock nbgrader: stderr zeroes the cell
@@ -448,7 +439,7 @@ def test_sigterm_stops_the_driver_and_its_nbgrader_processes(tmp_path):
     path.parent.mkdir(parents=True)
     nbformat.write(nb, path)
     work = tmp_path / "work"
-    proc = subprocess.Popen([sys.executable, str(DRIVER), str(tmp_path / "batch"), "--root", str(tmp_path),
+    proc = subprocess.Popen([*DRIVER, str(tmp_path / "batch"), "--root", str(tmp_path),
                              "--work", str(work), "--seed", "4242"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     seed = load_driver().submission_seed(4242, "slow", LAB)

@@ -1,5 +1,5 @@
-"""Tests of the trusted judge (autograder/judge.py) and its plain-data codec
-(course_lib/grading/remote.py).
+"""Tests of the trusted judge (course_grader.judge) and its plain-data codec
+(course_grader.remote).
 
 Fast part (no kernel): codec round trips for every type the Lab 1-3 checkers pass or expect,
 hostile values refused, malformed data refused, the kernel-side call logic run in-process
@@ -10,7 +10,6 @@ patches the checkers, course_lib's contracts, math.isclose and torch.allclose in
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -29,7 +28,8 @@ import torch
 
 from course_lib.cache.contiguous import KVCache
 from course_lib.cache.paged import BlockPool, PagedKVCache, PagedSequence
-from course_lib.grading import ContractError, check_int, check_int_list, check_real, check_tensor, remote
+from course_grader import judge, remote
+from course_lib.grading import ContractError, check_int, check_int_list, check_real, check_tensor
 from course_lib.grading.lab03 import _normalise_plan
 from course_lib.hardware import REFERENCE_DEVICES
 from course_lib.models.config import ModelConfig, toy_config
@@ -37,12 +37,6 @@ from course_lib.models.decoder import Decoder
 from course_lib.scheduling import Device, Request, RequestRecord, StepPlan
 
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("course_autograder_judge", REPO / "autograder" / "judge.py")
-judge = sys.modules.get("course_autograder_judge")
-if judge is None:
-    judge = importlib.util.module_from_spec(_spec)
-    sys.modules[_spec.name] = judge
-    _spec.loader.exec_module(judge)
 
 
 # == helpers =====================================================================================
@@ -278,7 +272,7 @@ def test_malformed_json_and_bool_bytes():
 
 
 def test_no_code_carrying_format_is_used():
-    for path in (REPO / "course_lib" / "grading" / "remote.py", REPO / "autograder" / "judge.py"):
+    for path in (Path(remote.__file__), Path(judge.__file__)):
         text = path.read_text()
         for banned in (r"import pickle|pickle\.|from pickle", r"torch\.load\(", r"np\.load\(", r"(?<![.\w])eval\(", r"(?<![.\w])exec\(",
                        r"\bmarshal\b", r"__reduce__"):
@@ -803,7 +797,7 @@ def test_patching_checkers_in_the_kernel_does_not_fool_the_judge(tmp_path):
         attention = "lab02.check_attention_step(attend_misaligned, seed=0)"
         assert kernel.judge(attention)["status"] == "failed"
         # a forged harness: every result becomes 1.0 (it cannot know the judge's references)
-        kernel.run("from course_lib.grading import remote as _r\n"
+        kernel.run("from course_grader import remote as _r\n"
                    "_r.ResultEncoder.encode = lambda self, value, depth=0: 1.0")
         verdict = kernel.judge(PREFILL_CELL.format(fn="prefill_time"))
         assert verdict["status"] == "failed", verdict
@@ -882,13 +876,9 @@ SLEEPS_WHEN_JUDGED = DIES_WHEN_JUDGED.replace("def dies", "def sleeps").replace(
 
 
 def _load_sandbox():
-    name = "course_autograder_sandbox"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "autograder" / "sandbox.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    from course_grader import sandbox
+
+    return sandbox
 
 
 def test_judged_sandbox_execute(tmp_path):
@@ -978,7 +968,7 @@ def test_configure_nbgrader_wraps_execute_and_the_sandbox_step():
     judged = judge.configure_nbgrader(c)
     assert issubclass(judged, SandboxExecute) and c.Autograde.autograde_preprocessors[1] is SaveAutoGrades
     lines = "\n".join(judge.nbgrader_config_lines())
-    assert "configure_nbgrader(c)" in lines and str(REPO / "autograder" / "judge.py") in lines
+    assert "configure_nbgrader(c)" in lines and "from course_grader import judge" in lines
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Tests of the learner-code sandbox (autograder/sandbox.py).
+"""Tests of the learner-code sandbox (course_grader.sandbox).
 
 Notebooks run through nbclient (and once through stock ``nbgrader autograde``) with
 kernels from SandboxKernelManager; the checks run *inside* the kernel and print JSON
@@ -9,7 +9,6 @@ marked slow).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -27,22 +26,10 @@ from nbclient.exceptions import DeadKernelError
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from traitlets.config import Config
 
+from course_grader import sandbox as sb
+
 REPO = Path(__file__).resolve().parents[1]
-SANDBOX_PY = REPO / "autograder" / "sandbox.py"
-MODULE_NAME = "course_autograder_sandbox"  # the name nbgrader_config_lines() uses too
 
-
-def _load_sandbox():
-    if MODULE_NAME in sys.modules:
-        return sys.modules[MODULE_NAME]
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, SANDBOX_PY)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[MODULE_NAME] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-sb = _load_sandbox()
 AVAILABLE, REASON = sb.sandbox_status()
 needs_sandbox = pytest.mark.skipif(not AVAILABLE, reason=f"sandbox unavailable: {REASON}")
 MiB, GiB = sb.MiB, sb.GiB
@@ -154,17 +141,20 @@ def isolation_cells(paths: dict[str, str], host_port: int) -> list[str]:
                 return "written"
             except OSError as exc:
                 return errno.errorcode.get(exc.errno, str(exc.errno))
-        targets = {"course_lib": %r, "venv": %r, "etc": "/etc/evil", "usr": "/usr/evil", "root": "/evil",
+        targets = {"course_lib": %r, "course_grader": %r, "venv": %r, "etc": "/etc/evil", "usr": "/usr/evil",
+                   "root": "/evil",
                    "repo": %r + "/evil",
                    "runtime_dir": %r + "/evil",
                    "home": "ok_home.txt", "tmp": "/tmp/ok.txt"}
         print(json.dumps({k: write(v) for k, v in targets.items()}))
-        """ % (paths["course_lib"] + "/evil.py", paths["venv"] + "/evil", paths["repo"], str(sb.runtime_root())),
+        """ % (paths["course_lib"] + "/evil.py", paths["course_grader"] + "/judge.py", paths["venv"] + "/evil",
+               paths["repo"], str(sb.runtime_root())),
         # 4: the course stack works
         """
-        import torch, course_lib
+        import torch, course_lib, course_grader.remote
         a = torch.arange(6.0).reshape(2, 3)
-        print(json.dumps({"matmul": (a @ a.T).tolist(), "course_lib": course_lib.__file__}))
+        print(json.dumps({"matmul": (a @ a.T).tolist(), "course_lib": course_lib.__file__,
+                          "course_grader": course_grader.remote.__file__}))
         """,
         # 5: file-size bomb and tmpfs cap
         """
@@ -248,7 +238,9 @@ def test_isolation_limits_and_course_stack(tmp_path):
     (own / "link_to_other").symlink_to(other / "secret.txt")
     os.environ["SANDBOX_TEST_HOST_SECRET"] = "must not be passed"
     paths = {
-        "repo": str(REPO), "solutions": str(REPO / "solutions"), "autograder": str(REPO / "autograder"),
+        "repo": str(REPO), "solutions": str(REPO / "solutions"), "samples": str(REPO / "autograder" / "samples"),
+        "hostile": str(REPO / "autograder" / "hostile"), "config": str(REPO / "autograder" / "nbgrader_config.py"),
+        "course_grader": str(REPO / "autograder" / "course_grader"),
         "build": str(REPO / "build"), "gradebook": str(REPO / "autograder" / "work" / "gradebook.db"),
         "git": str(REPO / ".git"), "own_shard": str(own), "own_notebook": str(own / "lab.ipynb"),
         "sibling_shard": str(other), "sibling_file": str(other / "secret.txt"), "tmp_path": str(tmp_path),
@@ -287,11 +279,12 @@ def test_isolation_limits_and_course_stack(tmp_path):
     assert "lab.ipynb" not in who["files"] and "link_to_other" not in who["files"]
     assert "SANDBOX_TEST_HOST_SECRET" not in who["env"] and "JPY_PARENT_PID" not in who["env"]
     assert who["pids"] < 20, "the kernel sees host processes"
-    assert set(who["repo_listing"]) <= {".venv", "course_lib", "data_manifests"}
+    assert set(who["repo_listing"]) <= {".venv", "course_lib", "data_manifests", "autograder"}
 
     visible = outs[1]
-    # the repository folder exists only as a skeleton holding .venv, course_lib and data_manifests
-    assert visible.pop("course_lib") and visible.pop("venv") and visible.pop("repo")
+    # the repository folder exists only as a skeleton holding .venv, course_lib, data_manifests and
+    # autograder/course_grader (the judge's kernel half); not the samples, the config or solutions/
+    assert visible.pop("course_lib") and visible.pop("venv") and visible.pop("repo") and visible.pop("course_grader")
     assert not any(visible.values()), f"visible in the sandbox: {[k for k, v in visible.items() if v]}"
 
     net = outs[2]
@@ -306,6 +299,7 @@ def test_isolation_limits_and_course_stack(tmp_path):
     stack = outs[4]
     assert stack["matmul"] == [[5.0, 14.0], [14.0, 50.0]]
     assert stack["course_lib"].startswith(str(REPO / "course_lib"))
+    assert stack["course_grader"].startswith(str(REPO / "autograder" / "course_grader"))
 
     sizes = outs[5]
     assert sizes["big"] == "EFBIG" and sizes["big_size"] <= LIMITS.file_bytes
@@ -476,7 +470,8 @@ HIDDEN_TEST = (
 PEEK = ("import json, os\n"
         "print(json.dumps({'uid': os.getuid(), 'cwd': os.getcwd(),\n"
         "                  'files': sorted(f for f in os.listdir('.') if not f.startswith('.')),\n"
-        "                  'repo_root': sorted(os.listdir(%r))}))" % str(REPO))
+        "                  'repo_root': sorted(os.listdir(%r)), 'autograder': sorted(os.listdir(%r))}))"
+        % (str(REPO), str(REPO / "autograder")))
 
 
 def _nbgrader(args, cwd):
@@ -542,7 +537,8 @@ def test_nbgrader_autograde_runs_in_the_sandbox(tmp_path):
     peek = json_of(graded.cells[-1])
     assert peek["uid"] != 0 and peek["cwd"] == sb.SANDBOX_HOME
     assert peek["files"] == ["notes.txt"]
-    assert set(peek["repo_root"]) <= {".venv", "course_lib", "data_manifests"}
+    assert set(peek["repo_root"]) <= {".venv", "course_lib", "data_manifests", "autograder"}
+    assert peek["autograder"] == ["course_grader"]  # not the config, the samples or the work folder
     assert not any(o.output_type == "error" for cell in graded.cells if cell.cell_type == "code"
                    for o in cell.outputs), log
     from nbgrader.api import Gradebook

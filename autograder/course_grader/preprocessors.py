@@ -1,7 +1,7 @@
 """Custom nbgrader preprocessors for the course's autograde pipeline.
 
-Loaded by ``autograder/nbgrader_config.py`` (by file path, so it works from any working
-directory) and inserted into ``Autograde.autograde_preprocessors``.
+``course_grader.config`` (which ``autograder/nbgrader_config.py`` calls) puts them into
+nbgrader's sanitize, autograde and feedback preprocessor lists.
 """
 
 import re
@@ -10,6 +10,8 @@ from nbformat import from_dict
 from nbgrader import utils
 from nbgrader.preprocessors import DeduplicateIds, NbGraderPreprocessor, OverwriteCells
 from traitlets import Unicode
+
+from .judge import redact
 
 STDERR_PREFIX = "[stderr]"
 
@@ -86,22 +88,6 @@ def raised_in_hidden_lines(frame: str) -> bool:
     return False
 
 
-def _judge_redact(message: str) -> str:
-    """autograder/judge.py's ``redact`` (loaded by path, as the generated configs do)."""
-    import importlib.util
-    import os
-    import sys
-
-    module = sys.modules.get("course_autograder_judge")
-    if module is None:
-        spec = importlib.util.spec_from_file_location(
-            "course_autograder_judge", os.path.join(os.path.dirname(os.path.abspath(__file__)), "judge.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return module.redact(message)
-
-
 class RedactHiddenTracebacks(NbGraderPreprocessor):
     """Remove hidden tests and what they drew from the errors of graded cells (for feedback).
 
@@ -127,7 +113,7 @@ class RedactHiddenTracebacks(NbGraderPreprocessor):
             hidden = any(raised_in_hidden_lines(frame) for frame in frames)
             frames = [redact_hidden_lines(frame) for frame in frames]
             if hidden:
-                ename, message = output.get("ename", "Error"), _judge_redact(output.get("evalue", ""))
+                ename, message = output.get("ename", "Error"), redact(output.get("evalue", ""))
                 output["evalue"] = message
                 frames = [frame for frame in frames if not ANSI.sub("", frame).startswith(f"{ename}:")]
                 frames.append(f"{ename}: {message} (a hidden test; its inputs are not shown)")

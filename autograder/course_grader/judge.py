@@ -7,14 +7,14 @@ learner's kernel, where learner code can patch the checker, ``math.isclose`` or
 process instead, with its own untouched ``course_lib``, and gives them proxies in place of
 the learner's functions. Calling a proxy sends the arguments as plain data to the kernel,
 calls the learner's function there (looked up by name in the kernel's namespace) and
-decodes the plain-data result strictly (``course_lib.grading.remote``: JSON plus raw tensor
+decodes the plain-data result strictly (``course_grader.remote``: JSON plus raw tensor
 bytes, no pickle). Inputs are drawn and references computed in the judge, from the judge's
 own seed; the comparison happens in the judge. Only data crosses; whatever the kernel
 sends is at worst a wrong answer.
 
 Pieces
     HARNESS                 the code string the judge executes in the kernel; it imports
-                            ``course_lib.grading.remote`` and runs ``serve()``, a loop that
+                            ``course_grader.remote`` and runs ``serve()``, a loop that
                             answers describe/call requests over the stdin channel
                             (input_request prompts carry the kernel's messages, input_reply
                             values the judge's), so one execute_request serves a whole cell
@@ -42,7 +42,7 @@ Pieces
     apply_verdicts          for the driver after autograde: writes the judge's verdicts into
                             the gradebook and lists every cell where kernel and judge disagree.
 
-Command line (measurement and debugging): ``python autograder/judge.py NOTEBOOK... [--source
+Command line (measurement and debugging): ``python -m course_grader.judge NOTEBOOK... [--source
 solutions] [--seed N] [--json FILE]`` runs each notebook in a plain local kernel (no sandbox, no
 gradebook; with --source the test cells, hidden tests included, come from the source notebook
 as in ``nbgrader autograde``), judges every graded cell and prints kernel and judge verdicts
@@ -65,11 +65,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-HERE = Path(__file__).resolve().parent
-if str(HERE.parent) not in sys.path:  # course_lib of this repository, when run as a script
-    sys.path.insert(0, str(HERE.parent))
-
-
 
 class _Lazy:
     """A module imported on first attribute access. nbgrader loads this file with the course
@@ -83,7 +78,7 @@ class _Lazy:
         return getattr(importlib.import_module(self._name), attr)
 
 
-remote = _Lazy("course_lib.grading.remote")
+remote = _Lazy("course_grader.remote")
 contracts = _Lazy("course_lib.grading.contracts")
 
 __all__ = ["HARNESS", "JudgeError", "KernelDied", "KernelWedged", "ProtocolError", "LearnerFault",
@@ -96,7 +91,7 @@ __all__ = ["HARNESS", "JudgeError", "KernelDied", "KernelWedged", "ProtocolError
 #: frame's builtins, not globals. Anything the kernel then says is checked by the judge.
 HARNESS = """\
 def __course_judge_session():
-    from course_lib.grading import remote
+    from course_grader import remote
     remote.serve()
 try:
     __course_judge_session()
@@ -365,7 +360,7 @@ class KernelSession:
         except _SessionEnded as end:
             c = end.content
             raise ProtocolError(f"the harness cell ended at once ({c.get('status')}: {c.get('ename', '')} "
-                                f"{str(c.get('evalue', ''))[:200]}); course_lib.grading.remote is missing or "
+                                f"{str(c.get('evalue', ''))[:200]}); course_grader.remote is missing or "
                                 "broken in the kernel") from None
         except CallTimeout:
             self._abort()
@@ -1274,14 +1269,8 @@ def configure_nbgrader(c) -> type:
 def nbgrader_config_lines() -> list[str]:
     """Lines for a (generated) nbgrader_config.py, after the course config and the sandbox lines."""
     return [
-        "# Trusted judge of graded cells (autograder/judge.py)",
-        "import importlib.util as _ilu, sys as _sys",
-        "_jd = _sys.modules.get('course_autograder_judge')",
-        "if _jd is None:",
-        f"    _spec = _ilu.spec_from_file_location('course_autograder_judge', {str(Path(__file__).resolve())!r})",
-        "    _jd = _ilu.module_from_spec(_spec)",
-        "    _sys.modules[_spec.name] = _jd",
-        "    _spec.loader.exec_module(_jd)",
+        "# Trusted judge of graded cells (course_grader.judge)",
+        "from course_grader import judge as _jd",
         "_jd.configure_nbgrader(c)",
     ]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Regenerate the sample submissions in autograder/samples/ from labs/ and solutions/.
 
-    python autograder/make_samples.py          (or: make samples)
+    python -m course_grader.samples          (or: make samples)
 
 For each lab in FAULTS this writes, as nbgrader's submitted layout
 ``samples/{learner}/{lab}/{lab}.ipynb``:
@@ -22,8 +22,9 @@ from pathlib import Path
 
 import nbformat
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLES = ROOT / "autograder" / "samples"
+from .paths import REPO_ROOT as ROOT
+from .paths import SAMPLES
+
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
 
 # lab -> learner -> list of (solution cell grade_id, text to find, replacement). Each edit

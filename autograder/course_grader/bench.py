@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Benchmark: stock serial `nbgrader autograde` against the parallel driver (grade.py).
+"""Benchmark: stock serial `nbgrader autograde` against the parallel driver (course_grader.grade).
 
-    python autograder/bench_grading.py [--copies 40] [--jobs 2] [--lab 02_kv_cache]
+    python -m course_grader.bench [--copies 40] [--jobs 2] [--lab 02_kv_cache]
 
 Makes COPIES submissions of LAB by cycling through the lab's sample submissions
 (autograder/samples/{learner}/{lab}), then grades them twice on this machine, one after the
@@ -10,7 +10,7 @@ other:
 1. stock: one `nbgrader autograde LAB` over all of them (nbgrader grades its students one at a
    time), with the course's nbgrader_config.py but no sandbox and no judge, in a plain nbgrader
    course made under build/bench-grading/stock;
-2. driver: `autograder/grade.py --jobs JOBS` (sandboxed kernels, the judge, one shard per
+2. driver: `python -m course_grader.grade --jobs JOBS` (sandboxed kernels, the judge, one shard per
    submission, JOBS at a time, merged gradebook, feedback and export).
 
 It prints both wall times, the throughput ratio (driver submissions per second over stock) and
@@ -30,10 +30,9 @@ from pathlib import Path
 
 import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-import grade  # noqa: E402
+from . import grade
+from .paths import REPO_ROOT as ROOT
+from .paths import SAMPLES
 
 WORK = ROOT / "build" / "bench-grading"
 # The course config sandboxes and judges every Execute step; the stock run puts nbgrader's own back.
@@ -45,14 +44,14 @@ STOCK_LINES = [
 
 
 def make_batch(lab: str, copies: int, folder: Path) -> list[str]:
-    samples = sorted(p.parent.name for p in (ROOT / "autograder" / "samples").glob(f"*/{lab}"))
+    samples = sorted(p.parent.name for p in SAMPLES.glob(f"*/{lab}"))
     if not samples:
         raise SystemExit(f"no samples of {lab} under autograder/samples")
     learners = []
     for k in range(copies):
         sample = samples[k % len(samples)]
         learner = f"{k:02d}_{sample}"
-        shutil.copytree(ROOT / "autograder" / "samples" / sample / lab, folder / learner / lab)
+        shutil.copytree(SAMPLES / sample / lab, folder / learner / lab)
         learners.append(learner)
     return learners
 
@@ -76,11 +75,11 @@ def stock_run(lab: str, batch: Path, work: Path, env: dict) -> tuple[float, dict
 
 def driver_run(lab: str, batch: Path, work: Path, jobs: int) -> tuple[float, dict[str, float]]:
     start = time.monotonic()
-    code = subprocess.call([sys.executable, str(HERE / "grade.py"), str(batch), "--jobs", str(jobs),
+    code = subprocess.call([sys.executable, "-m", "course_grader.grade", str(batch), "--jobs", str(jobs),
                             "--work", str(work)], stdout=subprocess.DEVNULL)
     seconds = time.monotonic() - start
     if code != 0:
-        raise SystemExit(f"grade.py exited with {code}")
+        raise SystemExit(f"the driver exited with {code}")
     table = grade.read_csv_text(work / "grades.csv")
     return seconds, {r.learner: float(r.score) for r in table.itertuples() if r.lab == lab}
 
@@ -102,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     print("stock: one serial `nbgrader autograde` (no sandbox, no judge) ...", flush=True)
     stock_s, stock = stock_run(args.lab, batch, WORK / "stock", env)
     print(f"  {stock_s:.1f} s", flush=True)
-    print(f"driver: grade.py --jobs {args.jobs} (sandbox, judge, shards, merge, feedback, export) ...", flush=True)
+    print(f"driver: course_grader.grade --jobs {args.jobs} (sandbox, judge, shards, merge, feedback, export) ...", flush=True)
     driver_s, driver = driver_run(args.lab, batch, WORK / "driver", args.jobs)
     print(f"  {driver_s:.1f} s", flush=True)
     table = pd.DataFrame({"stock": stock, "driver": driver})

@@ -1,16 +1,16 @@
 #!/usr/bin/env python
 """Hostile submissions: learner notebooks that try to cheat, break or escape the grader.
 
-    python autograder/hostile.py build    (re)write autograder/hostile/ from autograder/samples/
-    python autograder/hostile.py check    grade autograder/hostile/ and check what must not change
+    python -m course_grader.hostile build   (re)write autograder/hostile/ from autograder/samples/
+    python -m course_grader.hostile check   grade autograder/hostile/ and check what must not change
                                           (`make test-hostile`, part of `make test`)
 
 ``build`` starts from the sample solutions (``autograder/samples/solution``, made by
-make_samples.py) and applies one attack per learner (HOSTILE below). Most attacks sit on top of
+``course_grader.samples``) and applies one attack per learner (HOSTILE below). Most attacks sit on top of
 a *wrong* ``prefill_time`` (Lab 1, test_prefill_time, 2 points) that is still right on the
 visible case model, so an attack that works shows up as 2 points too many. The expected
 scores (``autograder/hostile/expected_scores.csv``) are written by hand from the rule each
-attack must meet (issue 5): the attacked test scores 0, every other test its points.
+attack must meet: the attacked test scores 0, every other test its points.
 
 ``check`` grades the folder with the driver (sandbox and judge, as for real), then fails
 unless every score matches, and:
@@ -36,9 +36,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-HOSTILE = ROOT / "autograder" / "hostile"
-SAMPLES = ROOT / "autograder" / "samples"
+from . import sandbox
+from .paths import HOSTILE, SAMPLES
+from .paths import REPO_ROOT as ROOT
+
 WORK = ROOT / "build" / "grading-hostile"
 OLD_GRADEBOOK = ROOT / "build" / "grading" / "course" / "gradebook.db"
 CELL_TIMEOUT = 60  # seconds: the loops below time out in a minute, not in the default 300 s
@@ -96,7 +97,8 @@ for _db in [_root / "build" / "grading" / "course" / "gradebook.db",
     except Exception:
         pass
 for _path in [_root / "build" / "grading-hostile" / "grades.csv", _root / "autograder" / "hostile" / "expected_scores.csv",
-              _root / "course_lib" / "__init__.py", _root / "autograder" / "judge.py", _root / "pwned.txt",
+              _root / "course_lib" / "__init__.py", _root / "autograder" / "course_grader" / "judge.py",
+              _root / "autograder" / "course_grader" / "remote.py", _root / "pwned.txt",
               pathlib.Path(os.__file__).parent / "sitecustomize.py"]:
     try:
         with open(_path, "a") as _f:
@@ -115,7 +117,7 @@ def grade_id(cell) -> str | None:
 def cell_index(nb, gid: str) -> int:
     found = [i for i, c in enumerate(nb.cells) if grade_id(c) == gid]
     if len(found) != 1:
-        sys.exit(f"hostile.py: expected one cell {gid!r}, found {len(found)}; update HOSTILE")
+        sys.exit(f"course_grader.hostile: expected one cell {gid!r}, found {len(found)}; update HOSTILE")
     return found[0]
 
 
@@ -144,7 +146,6 @@ def insert_code_after(nb, gid: str, code: str) -> None:
 def memorised_visible_prefill() -> str:
     """A prefill_time that returns the right value for exactly the inputs of the visible check
     (recorded here by running it on the reference) and a wrong one otherwise."""
-    sys.path.insert(0, str(ROOT))
     from course_lib.grading import lab01
     from course_lib.roofline import prefill_time as reference
 
@@ -368,7 +369,7 @@ def a_terminal_escapes(nb):
 
 def a_judge_memory(nb):
     insert_code_after(nb, "count_parameters", '''
-import course_lib.grading.remote as _remote
+import course_grader.remote as _remote
 _dumps, _sent = _remote.dumps, []
 
 
@@ -640,11 +641,7 @@ def tree_digest(root: Path, skip: list[Path]) -> dict[str, str]:
 
 
 def sandbox_leftovers(work: Path) -> list[str]:
-    """Processes and /tmp files owned by the sandbox's uid range (autograder/sandbox.py)."""
-    sys.path.insert(0, str(ROOT / "autograder"))
-    import grade
-
-    sandbox = grade.load_sandbox()
+    """Processes and /tmp files owned by the sandbox's uid range (course_grader.sandbox)."""
     low, high = sandbox.DEFAULT_UID_BASE, sandbox.DEFAULT_UID_BASE + sandbox.DEFAULT_UID_COUNT
     found = []
     for proc in Path("/proc").iterdir():
@@ -679,13 +676,13 @@ def check(jobs: int) -> int:
           f"{'found' if old_gradebook is not None else 'absent (run make test-grading first to check it)'}",
           flush=True)
     start = time.monotonic()
-    code = subprocess.call([sys.executable, str(ROOT / "autograder" / "grade.py"), str(HOSTILE), "--work", str(WORK),
+    code = subprocess.call([sys.executable, "-m", "course_grader.grade", str(HOSTILE), "--work", str(WORK),
                             "--jobs", str(jobs), "--expected", str(HOSTILE / "expected_scores.csv"), "--per-test",
                             "--cell-timeout", str(CELL_TIMEOUT)])
     seconds = time.monotonic() - start
     problems = []
     if code != 0:
-        problems.append(f"grade.py exited with {code} (scores differ from the expected file, or it failed)")
+        problems.append(f"the driver exited with {code} (scores differ from the expected file, or it failed)")
     after = tree_digest(ROOT, skip)
     changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
     problems += [f"changed outside the work folder: {p}" for p in changed]
