@@ -11,18 +11,13 @@ vendors' dense BF16 figures.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from .validation import positive_number
 
 __all__ = ["Accelerator", "REFERENCE_DEVICES", "DEVICES", "get_device"]
 
 _SPEC_SOURCE = "the course's generic reference devices (Lab 1: roofline; dense 16-bit compute)"
-
-
-def _positive(owner: str, name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value <= 0:
-        raise ValueError(f"{owner}.{name} must be a positive finite number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -50,7 +45,7 @@ class Accelerator:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"Accelerator.name must be a non-empty str, got {self.name!r}")
         for field in ("capacity_gb", "bandwidth_tbps", "dense_tflops"):
-            _positive("Accelerator", field, getattr(self, field))
+            positive_number(f"Accelerator.{field}", getattr(self, field))
 
     @property
     def capacity_bytes(self) -> float:

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from numbers import Integral, Real
+from numbers import Integral
 
 from .hardware import REFERENCE_DEVICES, Accelerator, get_device
 from .models.config import ModelConfig
+from .validation import (instance, nonnegative_integer, nonnegative_number, number, positive_integer,
+                         positive_number)
 
 __all__ = [
     "CASE_WEIGHT_BYTES", "FORMAT_BITS", "StepBound", "case_model", "n_matmul", "kv_bytes_per_token",
@@ -46,47 +48,11 @@ FORMAT_BITS: dict[str, float] = {"bf16": 16.0, "fp8": 8.0, "int4-g128": 4.15}
 
 
 # -- argument checks -----------------------------------------------------------------------
-def _pos_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
-
-
-def _nonneg_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    return int(value)
-
-
-def _pos_num(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return value
-
-
-def _nonneg_num(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a non-negative finite number, got {value!r}")
-    return value
-
-
-def _model(name: str, value) -> ModelConfig:
-    if not isinstance(value, ModelConfig):
-        raise ValueError(f"{name} must be a ModelConfig, got {type(value).__qualname__}")
-    return value
-
-
 def _device(name: str, value) -> Accelerator:
     try:
         return get_device(value)
     except ValueError as exc:
         raise ValueError(f"{name}: {exc}") from None
-
-
-def _mfu(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not (0 < value <= 1):
-        raise ValueError(f"mfu must be in (0, 1], got {value!r}")
-    return value
 
 
 # -- model accounting ----------------------------------------------------------------------
@@ -107,7 +73,7 @@ def n_matmul(config: ModelConfig) -> int:
 
     Returns: an exact int. Raises: ValueError if ``config`` is not a ModelConfig.
     """
-    config = _model("config", config)
+    config = instance("config", config, ModelConfig)
     embedding = 0 if config.tie_embeddings else config.vocab_size * config.d_model
     return config.parameters() - embedding
 
@@ -118,8 +84,8 @@ def kv_bytes_per_token(config: ModelConfig, bytes_per_value: int | float = 2):
     Returns: an int for an int ``bytes_per_value`` (exact), else a float (e.g. 0.5 for int4).
     Raises: ValueError for a non-ModelConfig or a non-positive ``bytes_per_value``.
     """
-    config = _model("config", config)
-    _pos_num("bytes_per_value", bytes_per_value)
+    config = instance("config", config, ModelConfig)
+    positive_number("bytes_per_value", bytes_per_value)
     return config.kv_bytes_per_token(bytes_per_value)
 
 
@@ -135,10 +101,10 @@ def serving_file_bytes(config: ModelConfig, linear_bits: float = 4.125, norm_bit
 
     Returns: a float, in bytes. Raises: ValueError on a non-ModelConfig or non-positive bits.
     """
-    config = _model("config", config)
+    config = instance("config", config, ModelConfig)
     for name, bits in (("linear_bits", linear_bits), ("norm_bits", norm_bits),
                        ("embedding_bits", embedding_bits)):
-        _pos_num(name, bits)
+        positive_number(name, bits)
     norms = 2 * config.n_layers * config.d_model + config.d_model
     linear = config.n_layers * (config.block_parameters() - 2 * config.d_model)
     tables = (1 if config.tie_embeddings else 2) * config.vocab_size * config.d_model
@@ -149,7 +115,7 @@ def serving_file_bytes(config: ModelConfig, linear_bits: float = 4.125, norm_bit
 def default_weight_bytes(model: ModelConfig) -> float:
     """Weight bytes the bounds use when none is given: ``CASE_WEIGHT_BYTES`` (5.5e9) for the
     case model (as the spec fixes), otherwise ``serving_file_bytes(model)``."""
-    model = _model("model", model)
+    model = instance("model", model, ModelConfig)
     return CASE_WEIGHT_BYTES if model == case_model() else serving_file_bytes(model)
 
 
@@ -180,8 +146,8 @@ def prefill_flops(model: ModelConfig, tokens: int) -> int:
     """FLOPs of a prefill of ``tokens`` positions, simplified form: 2*N_matmul*t + 2*L*d*t^2.
 
     Raises: ValueError for a non-positive ``tokens``."""
-    model = _model("model", model)
-    t = _pos_int("tokens", tokens)
+    model = instance("model", model, ModelConfig)
+    t = positive_integer("tokens", tokens)
     return 2 * n_matmul(model) * t + 2 * model.n_layers * model.d_model * t * t
 
 
@@ -200,18 +166,18 @@ def prefill_time(model: ModelConfig, device, tokens: int, mfu: float = 0.5,
         ValueError: bad model/device, tokens <= 0, mfu outside (0, 1], weight_bytes <= 0.
     """
     dev = _device("device", device)
-    mfu = _mfu(mfu)
+    mfu = number("mfu", mfu, minimum=0, maximum=1, open_minimum=True)
     seconds = prefill_flops(model, tokens) / (mfu * dev.peak_flops)
     if weight_bytes is not None:
-        seconds = max(seconds, _pos_num("weight_bytes", weight_bytes) / dev.bandwidth)
+        seconds = max(seconds, positive_number("weight_bytes", weight_bytes) / dev.bandwidth)
     return seconds
 
 
 def decode_step_flops(model: ModelConfig, batch: int, context: float) -> float:
     """FLOPs of one decode step: 2*N_matmul*batch + 4*L*d*batch*context."""
-    model = _model("model", model)
-    b = _pos_int("batch", batch)
-    c = _pos_num("context", context)
+    model = instance("model", model, ModelConfig)
+    b = positive_integer("batch", batch)
+    c = positive_number("context", context)
     return 2 * n_matmul(model) * b + 4 * model.n_layers * model.d_model * b * c
 
 
@@ -228,12 +194,12 @@ def decode_step_bound(model: ModelConfig, device, batch: int, context: float, kv
             (5.5e9 for the case model). context may be fractional (an average).
     Returns: a StepBound (seconds). Raises: ValueError on non-positive sizes or bad types.
     """
-    model = _model("model", model)
+    model = instance("model", model, ModelConfig)
     dev = _device("device", device)
-    b = _pos_int("batch", batch)
-    c = _pos_num("context", context)
+    b = positive_integer("batch", batch)
+    c = positive_number("context", context)
     kv = kv_bytes_per_token(model, kv_bytes_per_value)
-    w = default_weight_bytes(model) if weight_bytes is None else _pos_num("weight_bytes", weight_bytes)
+    w = default_weight_bytes(model) if weight_bytes is None else positive_number("weight_bytes", weight_bytes)
     return StepBound.from_terms(w + b * kv * c, dev.bandwidth, decode_step_flops(model, b, c), dev.peak_flops)
 
 
@@ -246,12 +212,12 @@ def requests_that_fit(model: ModelConfig, device, prompt_tokens: int, output_tok
     Args:
         weight_bytes: None -> ``default_weight_bytes(model)``. overhead_gb: decimal GB (>= 0).
     Returns: an int >= 0. Raises: ValueError on non-positive sizes or a negative overhead."""
-    model = _model("model", model)
+    model = instance("model", model, ModelConfig)
     dev = _device("device", device)
-    prompt = _pos_int("prompt_tokens", prompt_tokens)
-    output = _pos_int("output_tokens", output_tokens)
-    overhead = _nonneg_num("overhead_gb", overhead_gb)
-    w = default_weight_bytes(model) if weight_bytes is None else _pos_num("weight_bytes", weight_bytes)
+    prompt = positive_integer("prompt_tokens", prompt_tokens)
+    output = positive_integer("output_tokens", output_tokens)
+    overhead = nonnegative_number("overhead_gb", overhead_gb)
+    w = default_weight_bytes(model) if weight_bytes is None else positive_number("weight_bytes", weight_bytes)
     free = dev.capacity_bytes - w - overhead * 1e9
     return max(0, math.floor(free / (kv_bytes_per_token(model, kv_bytes_per_value) * (prompt + output))))
 
@@ -276,18 +242,18 @@ def capacity_table(model: ModelConfig | None = None, devices=None, prompt_tokens
     """
     import pandas as pd
 
-    model = case_model() if model is None else _model("model", model)
+    model = case_model() if model is None else instance("model", model, ModelConfig)
     if devices is None:
         devs = list(REFERENCE_DEVICES.values())
     else:
         devs = [_device("devices", d) for d in devices]
         if not devs:
             raise ValueError("devices must not be empty")
-    prompt = _pos_int("prompt_tokens", prompt_tokens)
-    output = _pos_int("output_tokens", output_tokens)
-    overhead = _nonneg_num("overhead_gb", overhead_gb)
-    mfu = _mfu(mfu)
-    w = default_weight_bytes(model) if weight_bytes is None else _pos_num("weight_bytes", weight_bytes)
+    prompt = positive_integer("prompt_tokens", prompt_tokens)
+    output = positive_integer("output_tokens", output_tokens)
+    overhead = nonnegative_number("overhead_gb", overhead_gb)
+    mfu = number("mfu", mfu, minimum=0, maximum=1, open_minimum=True)
+    w = default_weight_bytes(model) if weight_bytes is None else positive_number("weight_bytes", weight_bytes)
     context = prompt + output / 2
     rows = []
     for dev in devs:
@@ -308,7 +274,8 @@ def weight_bytes_for_format(n_params: int, fmt: str) -> float:
     Formats (``FORMAT_BITS``): "bf16" 16, "fp8" 8, "int4-g128" 4.15 bits/weight. For 70e9
     parameters: 140.0 GB, 70.0 GB, 36.3125 GB. Returns a float (bytes).
     Raises: ValueError for non-positive ``n_params`` or an unknown ``fmt``."""
-    n = _pos_int("n_params", n_params) if isinstance(n_params, Integral) else _pos_num("n_params", n_params)
+    n = positive_integer("n_params", n_params) if isinstance(n_params, Integral) else \
+        positive_number("n_params", n_params)
     if fmt not in FORMAT_BITS:
         raise ValueError(f"fmt must be one of {sorted(FORMAT_BITS)}, got {fmt!r}")
     return n * FORMAT_BITS[fmt] / 8
@@ -322,8 +289,8 @@ def kv_bytes_per_sequence(n_layers: int, n_kv_heads: int, head_dim: int, context
     an int ``bytes_per_value``. Raises: ValueError on non-positive sizes."""
     for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
                     ("context", context)):
-        _pos_int(name, v)
-    _pos_num("bytes_per_value", bytes_per_value)
+        positive_integer(name, v)
+    positive_number("bytes_per_value", bytes_per_value)
     return 2 * n_layers * n_kv_heads * head_dim * bytes_per_value * context
 
 
@@ -340,13 +307,13 @@ def step_time_bound(weight_bytes: float, n_params: int, batch: int, kv_bytes_per
         positions_per_sequence: positions scored per sequence (gamma + 1 when verifying).
     Raises: ValueError on non-positive sizes (negative KV bytes).
     """
-    w = _pos_num("weight_bytes", weight_bytes)
-    n = _pos_num("n_params", n_params)
-    b = _pos_int("batch", batch)
-    kv = _nonneg_num("kv_bytes_per_sequence", kv_bytes_per_sequence)
-    bw = _pos_num("bandwidth", bandwidth)
-    peak = _pos_num("peak_flops", peak_flops)
-    p = _pos_int("positions_per_sequence", positions_per_sequence)
+    w = positive_number("weight_bytes", weight_bytes)
+    n = positive_number("n_params", n_params)
+    b = positive_integer("batch", batch)
+    kv = nonnegative_number("kv_bytes_per_sequence", kv_bytes_per_sequence)
+    bw = positive_number("bandwidth", bandwidth)
+    peak = positive_number("peak_flops", peak_flops)
+    p = positive_integer("positions_per_sequence", positions_per_sequence)
     return StepBound.from_terms(w + b * kv, bw, 2 * n * b * p, peak)
 
 
@@ -356,7 +323,7 @@ def verification_cost_ratio(weight_bytes: float, n_params: int, batch: int, kv_b
     one-position step: bound(positions = gamma + 1) / bound(positions = 1). 1.0 while both
     are memory-bound; grows towards gamma + 1 once compute binds.
     Raises: ValueError on bad sizes or a negative ``gamma``."""
-    g = _nonneg_int("gamma", gamma)
+    g = nonnegative_integer("gamma", gamma)
     args = (weight_bytes, n_params, batch, kv_bytes_per_sequence, bandwidth, peak_flops)
     return step_time_bound(*args, positions_per_sequence=g + 1).bound_s / step_time_bound(*args).bound_s
 
@@ -365,9 +332,8 @@ def expected_tokens_per_step(alpha: float, gamma: int) -> float:
     """Expected tokens emitted per target step with gamma drafted tokens, each accepted with
     probability alpha independently: (1 - alpha^(gamma+1)) / (1 - alpha); gamma + 1 at alpha 1.
     Raises: ValueError for alpha outside [0, 1] or a negative gamma."""
-    if isinstance(alpha, bool) or not isinstance(alpha, Real) or not (0 <= alpha <= 1):
-        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
-    g = _nonneg_int("gamma", gamma)
+    number("alpha", alpha, minimum=0, maximum=1)
+    g = nonnegative_integer("gamma", gamma)
     if alpha == 1:
         return float(g + 1)
     return (1 - alpha ** (g + 1)) / (1 - alpha)
@@ -381,8 +347,8 @@ def speculative_speedup(alpha: float, gamma: int, verification_ratio: float = 1.
     draft_cost is one draft step's time relative to a plain target step (0: free draft).
     Raises: ValueError for a non-positive verification_ratio or a negative draft_cost."""
     e = expected_tokens_per_step(alpha, gamma)
-    r = _pos_num("verification_ratio", verification_ratio)
-    c = _nonneg_num("draft_cost", draft_cost)
+    r = positive_number("verification_ratio", verification_ratio)
+    c = nonnegative_number("draft_cost", draft_cost)
     return e / (gamma * c + r)
 
 
@@ -417,16 +383,16 @@ def smallest_compute_bound_batch(weight_bytes: float, n_params: int, kv_bytes_pe
 def gemv_intensity(m: int, n: int, bytes_per_element: float) -> float:
     """FLOP/byte of y = W x, W (m x n): 2mn / (b (mn + m + n)) (one read of W and x, one
     write of y); ~ 2/b for large m, n. Raises: ValueError on non-positive sizes."""
-    _pos_int("m", m), _pos_int("n", n)
-    b = _pos_num("bytes_per_element", bytes_per_element)
+    positive_integer("m", m), positive_integer("n", n)
+    b = positive_number("bytes_per_element", bytes_per_element)
     return 2 * m * n / (b * (m * n + m + n))
 
 
 def gemm_intensity(m: int, n: int, batch: int, bytes_per_element: float) -> float:
     """FLOP/byte of Y = W X, W (m x n), X (n x B): 2mnB / (b (mn + nB + mB)) (one read of each
     input, one write of the output); ~ 2B/b while B << m, n. Raises: ValueError on bad sizes."""
-    _pos_int("m", m), _pos_int("n", n), _pos_int("batch", batch)
-    b = _pos_num("bytes_per_element", bytes_per_element)
+    positive_integer("m", m), positive_integer("n", n), positive_integer("batch", batch)
+    b = positive_number("bytes_per_element", bytes_per_element)
     return 2 * m * n * batch / (b * (m * n + n * batch + m * batch))
 
 
@@ -435,8 +401,8 @@ def decode_attention_intensity(group_size: int, bytes_per_value: float) -> float
     bytes per KV head) feeds 4*d_head FLOPs per query head of the group -> 2*g/b,
     independent of batch and context (4 for g = 4 with a bf16 cache).
     Raises: ValueError on non-positive arguments."""
-    g = _pos_int("group_size", group_size)
-    b = _pos_num("bytes_per_value", bytes_per_value)
+    g = positive_integer("group_size", group_size)
+    b = positive_number("bytes_per_value", bytes_per_value)
     return 2 * g / b
 
 
@@ -475,12 +441,12 @@ def measure_matmul(d: int = 4096, batches=DEFAULT_BATCHES, warmup: int = 2, repe
     import pandas as pd
     import torch
 
-    d = _pos_int("d", d)
-    batches = [_pos_int("batches[]", b) for b in batches]
+    d = positive_integer("d", d)
+    batches = [positive_integer("batches[]", b) for b in batches]
     if not batches or any(b2 <= b1 for b1, b2 in zip(batches, batches[1:])):
         raise ValueError(f"batches must be a non-empty increasing sequence, got {batches!r}")
-    warmup = _nonneg_int("warmup", warmup)
-    repeats = _pos_int("repeats", repeats)
+    warmup = nonnegative_integer("warmup", warmup)
+    repeats = positive_integer("repeats", repeats)
     dtype = torch.float32 if dtype is None else dtype
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch dtype, got {dtype!r}")

@@ -69,6 +69,7 @@ def test_gqa_grouping_is_repeat_interleave():
     assert out[0, :2].abs().sum() == 0 and torch.allclose(out[0, 2:], torch.ones(2, 1, 4))
 
 
+@pytest.mark.slow
 def test_cached_generation_equals_full_recompute():
     model = toy_decoder(seed=0)
     prompt = torch.randint(0, 512, (16,), generator=torch.Generator().manual_seed(1))
@@ -140,3 +141,340 @@ def test_decoder_refuses_positions_of_the_wrong_rank_or_length():
         model(ids, torch.tensor(3))
     with pytest.raises(ValueError, match="entries for T=4"):
         model(ids, torch.arange(3))
+
+
+# -- inputs are checked once, at the boundary (course_lib.validation) --------------------
+# Each bad input raises TypeError (wrong type/dtype) or ValueError (wrong value) with a message
+# that names the argument; ArgumentTypeError is both, so older `except ValueError` still works.
+from course_lib.models.config import MAX_POSITIONS, config_from_hf  # noqa: E402
+from course_lib.validation import ArgumentTypeError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return toy_decoder(seed=0)
+
+
+@pytest.mark.parametrize("bad_id", [512, -1])
+def test_forward_refuses_token_ids_outside_the_vocabulary(toy, bad_id):
+    ids = torch.tensor([[3, bad_id, 7]])
+    with pytest.raises(ValueError, match=r"input_ids must hold values in \[0, 511\].*vocab_size 512"):
+        toy(ids, torch.arange(3))
+
+
+@pytest.mark.parametrize("positions", [torch.arange(-4, 0), torch.arange(522, 526),
+                                       torch.arange(10 ** 9, 10 ** 9 + 4)])
+def test_forward_refuses_positions_outside_0_to_max_seq_len(toy, positions):
+    with pytest.raises(ValueError, match=r"positions must hold values in \[0, 511\].*max_seq_len is 512"):
+        toy(torch.zeros(1, 4, dtype=torch.long), positions)
+
+
+def test_forward_accepts_the_last_position_and_a_cache_of_exactly_max_seq_len(toy):
+    cache = toy.new_cache(1)                           # max_len = max_seq_len = 512
+    assert cache.max_len == 512
+    toy(torch.zeros(1, 512, dtype=torch.long), torch.arange(512), cache)
+    assert cache.length == 512
+
+
+@pytest.mark.parametrize("generate", [generate_cached, generate_full_recompute])
+def test_generation_refuses_an_empty_prompt(toy, generate):
+    with pytest.raises(ValueError, match="prompt must hold at least one token"):
+        generate(toy, torch.tensor([], dtype=torch.long), 4)
+
+
+@pytest.mark.parametrize("generate", [generate_cached, generate_full_recompute])
+def test_generation_of_zero_tokens_is_empty_with_the_right_shape_and_dtype(toy, generate):
+    tokens, logits = generate(toy, torch.arange(5), 0)
+    assert tokens.shape == (0,) and tokens.dtype == torch.int64
+    assert logits.shape == (0, 512) and logits.dtype == torch.float32
+
+
+def test_generation_of_zero_tokens_leaves_a_given_cache_unchanged(toy):
+    cache = toy.new_cache(1, 8)
+    generate_cached(toy, torch.arange(5), 0, cache)
+    assert cache.length == 0
+
+
+@pytest.mark.parametrize("generate", [generate_cached, generate_full_recompute])
+@pytest.mark.parametrize("bad, error", [(-1, ValueError), (2.0, TypeError), (True, TypeError),
+                                        (torch.tensor(3), TypeError)])
+def test_generation_refuses_bad_max_new_tokens(toy, generate, bad, error):
+    with pytest.raises(error, match="max_new_tokens must be an int"):
+        generate(toy, torch.arange(5), bad)
+
+
+@pytest.mark.parametrize("generate", [generate_cached, generate_full_recompute])
+def test_generation_refuses_to_run_past_max_seq_len_before_computing(toy, generate):
+    tokens, _ = generate(toy, torch.arange(500), 13)    # positions 0 .. 511: the last one fits
+    assert tokens.shape == (13,)
+    with pytest.raises(ValueError, match=r"max_new_tokens must be an int in \[0, 13\]"):
+        generate(toy, torch.arange(500), 14)
+    with pytest.raises(ValueError, match="prompt must hold at most max_seq_len = 512"):
+        generate(toy, torch.zeros(513, dtype=torch.long), 1)
+
+
+@pytest.mark.parametrize("generate", [generate_cached, generate_full_recompute])
+@pytest.mark.parametrize("prompt, error, pattern", [
+    (torch.tensor([3, 512]), ValueError, r"prompt must hold values in \[0, 511\]"),
+    (torch.tensor([-1, 3]), ValueError, r"prompt must hold values in \[0, 511\]"),
+    (torch.tensor([1.0, 2.0]), TypeError, "prompt must be an int64 tensor"),
+    ([1, 2, 3], TypeError, "prompt must be an int64 tensor"),
+    (torch.zeros(2, 3, dtype=torch.long), ValueError, "prompt must have shape"),
+])
+def test_generation_refuses_bad_prompts(toy, generate, prompt, error, pattern):
+    with pytest.raises(error, match=pattern):
+        generate(toy, prompt, 2)
+
+
+def test_generate_cached_refuses_a_cache_that_is_not_empty_or_too_short(toy):
+    used = toy.new_cache(1, 32)
+    toy(torch.arange(3).view(1, -1), torch.arange(3), used)
+    with pytest.raises(ValueError, match=r"cache must be empty \(length 0\)"):
+        generate_cached(toy, torch.arange(4), 4, used)
+    with pytest.raises(ValueError, match="cache must have at least T0 \\+ max_new_tokens - 1 = 7 slots"):
+        generate_cached(toy, torch.arange(4), 4, toy.new_cache(1, 6))
+    with pytest.raises(TypeError, match="cache must be a KVCache"):
+        generate_cached(toy, torch.arange(4), 4, cache=(used.k, used.v))
+    generate_cached(toy, torch.arange(4), 4, toy.new_cache(1, 7))   # exactly enough
+
+
+@pytest.mark.parametrize("bad", [2.5, True, torch.tensor(2)])
+def test_kvcache_crop_refuses_non_int_lengths(bad):
+    cache = KVCache(1, 1, 1, 8, 4)
+    cache.advance(6)
+    with pytest.raises(TypeError, match=r"crop length must be an int in \[0, 6\]"):
+        cache.crop(bad)
+    assert cache.length == 6 and type(cache.length) is int
+
+
+def test_kvcache_crop_accepts_numpy_ints_and_stores_an_int():
+    import numpy as np
+    cache = KVCache(1, 1, 1, 8, 4)
+    cache.advance(6)
+    cache.crop(np.int64(2))
+    assert cache.length == 2 and type(cache.length) is int
+
+
+@pytest.mark.parametrize("bad, error", [(-3, ValueError), (1.0, TypeError), (False, TypeError)])
+def test_kvcache_advance_refuses_negative_or_non_int_counts(bad, error):
+    cache = KVCache(1, 1, 1, 8, 4)
+    cache.advance(2)
+    with pytest.raises(error, match="n_new must be an int >= 0"):
+        cache.advance(bad)
+    assert cache.length == 2
+
+
+@pytest.mark.parametrize("bad, error", [(2.5, TypeError), (-1, ValueError), (9, ValueError)])
+def test_kvcache_length_assignment_is_checked(bad, error):
+    cache = KVCache(1, 1, 1, 8, 4)
+    with pytest.raises(error, match=r"KVCache.length must be an int in \[0, 8\]"):
+        cache.length = bad
+    cache.length = 8
+    assert cache.filled_bytes() == 2 * 1 * 1 * 1 * 8 * 4 * 4
+
+
+@pytest.mark.parametrize("max_len, error", [(0, ValueError), (-5, ValueError), (513, ValueError),
+                                            (8.0, TypeError), (True, TypeError)])
+def test_new_cache_refuses_bad_max_len(toy, max_len, error):
+    with pytest.raises(error, match=r"max_len must be an int in \[1, 512\]"):
+        toy.new_cache(1, max_len)
+
+
+def test_new_cache_refuses_bad_batch(toy):
+    with pytest.raises(ValueError, match="KVCache batch must be an int >= 1"):
+        toy.new_cache(0, 8)
+
+
+@pytest.mark.parametrize("sizes, what", [
+    (dict(n_kv_heads=4), "n_kv_heads"), (dict(head_dim=16), "head_dim"),
+    (dict(n_layers=3), "n_layers"), (dict(n_layers=5), "n_layers"),
+])
+def test_forward_refuses_a_cache_built_for_another_shape(toy, sizes, what):
+    shape = dict(n_layers=4, batch=1, n_kv_heads=2, max_len=16, head_dim=32) | sizes
+    cache = KVCache(**shape)
+    with pytest.raises(ValueError, match=f"cache {what} is {sizes[what]} but the model needs"):
+        toy(torch.arange(3).view(1, -1), torch.arange(3), cache)
+    assert cache.length == 0
+
+
+def test_kvcache_refuses_integer_dtypes():
+    for dtype in (torch.int64, torch.int8, torch.bool):
+        with pytest.raises(TypeError, match="KVCache dtype must be a floating torch dtype"):
+            KVCache(4, 1, 2, 16, 32, dtype=dtype)
+    with pytest.raises(TypeError, match="KVCache dtype must be a dtype"):
+        KVCache(4, 1, 2, 16, 32, dtype="float32")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_forward_refuses_a_cache_of_another_dtype(toy, dtype):
+    cache = KVCache.for_model(toy.config, 1, 16, dtype=dtype)
+    with pytest.raises(TypeError, match=f"cache dtype must be the model's dtype torch.float32, got {dtype}"):
+        toy(torch.arange(3).view(1, -1), torch.arange(3), cache)
+
+
+def test_kvcache_layer_index_is_checked():
+    cache = KVCache(2, 1, 1, 4, 4)
+    assert cache.layer(1)[0].shape == (1, 1, 4, 4)
+    with pytest.raises(ValueError, match=r"index must be an int in \[0, 1\]"):
+        cache.layer(2)
+    with pytest.raises(TypeError, match="index must be an int"):
+        cache.layer(torch.tensor(0))
+
+
+def test_kvcache_for_model_needs_a_model_config():
+    with pytest.raises(TypeError, match="config must be a ModelConfig"):
+        KVCache.for_model({"n_layers": 4})
+
+
+@pytest.mark.parametrize("call, error, pattern", [
+    (lambda m: m([[1, 2]], torch.arange(2)), TypeError, "input_ids must be an int64 tensor"),
+    (lambda m: m(torch.zeros(1, 0, dtype=torch.long), torch.arange(0)), ValueError, "at least one token"),
+    (lambda m: m(torch.zeros(3, dtype=torch.long), torch.arange(3)), ValueError, r"input_ids must be .*\(B, T\)"),
+    (lambda m: m(torch.zeros(1, 2, dtype=torch.long), [0, 1]), TypeError, "positions must be an int64 tensor"),
+    (lambda m: m(torch.zeros(1, 2, dtype=torch.long), torch.arange(2, dtype=torch.int32)), TypeError,
+     "positions must be an int64 tensor"),
+    (lambda m: m(torch.zeros(2, 2, dtype=torch.long), torch.zeros(3, 2, dtype=torch.long)), ValueError,
+     r"positions must be \(B, T\) with B=2"),
+    (lambda m: m(torch.zeros(1, 2, dtype=torch.long), torch.arange(2), cache="cache"), TypeError,
+     "cache must be a KVCache"),
+    (lambda m: m(torch.zeros(1, 2, dtype=torch.long), torch.arange(2), m.new_cache(1, 4), attention_fn=3),
+     TypeError, "attention_fn must be callable"),
+    (lambda m: m(torch.zeros(1, 2, dtype=torch.long), torch.arange(2), last_only=1), TypeError,
+     "last_only must be a bool"),
+    (lambda m: m.decode(torch.zeros(1, 2, dtype=torch.long), m.new_cache(1, 4)), ValueError, r"\(B, 1\)"),
+    (lambda m: m.prefill(torch.zeros(1, 2, dtype=torch.long), None), TypeError, "cache must be a KVCache"),
+])
+def test_forward_refuses_bad_arguments_naming_them(toy, call, error, pattern):
+    with pytest.raises(error, match=pattern):
+        call(toy)
+
+
+def test_forward_checks_leave_the_cache_unchanged(toy):
+    cache = toy.new_cache(1, 8)
+    toy(torch.arange(2).view(1, -1), torch.arange(2), cache)
+    before = cache.k.clone()
+    with pytest.raises(ValueError, match="positions"):
+        toy(torch.arange(2).view(1, -1), torch.tensor([2, 600]), cache)
+    with pytest.raises(ValueError, match="input_ids"):
+        toy(torch.tensor([[2, 600]]), torch.arange(2, 4), cache)
+    assert cache.length == 2 and torch.equal(cache.k, before)
+
+
+def test_type_errors_are_also_value_errors_for_older_callers(toy):
+    with pytest.raises(ArgumentTypeError) as info:
+        KVCache(1, 1, 1, 8, 4).crop(2.5)
+    assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError)
+
+
+def test_decoder_constructors_check_their_arguments():
+    with pytest.raises(TypeError, match="config must be a ModelConfig"):
+        Decoder({"n_layers": 2})
+    with pytest.raises(TypeError, match="seed must be an int"):
+        Decoder.random(toy_config(n_layers=1), seed=1.5)
+    model = toy_decoder(seed=0, n_layers=1)
+    state = {k: v for k, v in model.state_dict().items()}
+    state["norm.weight"] = [1.0] * 256
+    with pytest.raises(TypeError, match=r"state_dict\['norm.weight'\] must be a Tensor"):
+        Decoder.from_hf_state_dict(model.config, state)
+
+
+@pytest.mark.parametrize("bad, error, pattern", [
+    (dict(max_seq_len=MAX_POSITIONS + 1), ValueError, r"max_seq_len must be an int in \[1, 16777216\]"),
+    (dict(max_seq_len=512.0), TypeError, "max_seq_len must be an int"),
+    (dict(d_ff=-1), ValueError, "d_ff must be an int >= 1"),
+    (dict(norm_eps=0.0), ValueError, "norm_eps must be a finite number > 0"),
+    (dict(rope_theta=float("nan")), ValueError, "rope_theta must be a finite number > 0"),
+    (dict(rope_theta="10000"), TypeError, "rope_theta must be a finite number"),
+    (dict(tie_embeddings=1), TypeError, "tie_embeddings must be a bool"),
+    (dict(n_heads=None), TypeError, "n_heads must be an int"),
+])
+def test_config_fields_are_checked_with_type_and_range(bad, error, pattern):
+    with pytest.raises(error, match=pattern):
+        toy_config(**bad)
+
+
+def test_config_stores_numpy_sizes_as_ints():
+    import numpy as np
+    c = toy_config(n_layers=np.int64(2), max_seq_len=np.int32(64))
+    assert type(c.n_layers) is int and type(c.max_seq_len) is int and c == toy_config(n_layers=2, max_seq_len=64)
+
+
+def test_config_from_hf_names_missing_keys():
+    with pytest.raises(ValueError, match="hf_config lacks num_hidden_layers, vocab_size"):
+        config_from_hf({"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128})
+    with pytest.raises(TypeError, match="hf_config must be a transformers config or a dict"):
+        config_from_hf("HuggingFaceTB/SmolLM2-135M")
+    with pytest.raises(ValueError, match="n_heads must be an int >= 1"):
+        config_from_hf({"num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 0,
+                        "intermediate_size": 128, "vocab_size": 10})
+
+
+def test_kv_bytes_per_token_checks_bytes_per_value():
+    with pytest.raises(ValueError, match="bytes_per_value must be a finite number > 0"):
+        toy_config().kv_bytes_per_token(0)
+
+
+def test_apply_rope_accepts_negative_positions_but_not_beyond_float32_exactness():
+    x = torch.randn(1, 1, 2, 8)
+    back = apply_rope(apply_rope(x, torch.tensor([5, 9])), torch.tensor([-5, -9]))
+    assert torch.allclose(back, x, atol=1e-5)                       # a negative angle turns back
+    with pytest.raises(ValueError, match=r"positions must hold values in \[-16777216, 16777216\]"):
+        apply_rope(x, torch.tensor([10 ** 9, 10 ** 9 + 3]))
+
+
+@pytest.mark.parametrize("call, error, pattern", [
+    (lambda: apply_rope([[1.0]], torch.arange(1)), TypeError, "x must be a Tensor"),
+    (lambda: apply_rope(torch.zeros(1, 1, 2, 4, dtype=torch.long), torch.arange(2)), TypeError,
+     "x must be a floating tensor"),
+    (lambda: apply_rope(torch.zeros(1, 1, 2, 4), torch.arange(2), theta=0), ValueError, "theta must be"),
+    (lambda: apply_rope(torch.zeros(1, 1, 2, 4), torch.tensor([True, False])), TypeError,
+     "positions must be an integer tensor"),
+])
+def test_rope_refuses_bad_arguments(call, error, pattern):
+    with pytest.raises(error, match=pattern):
+        call()
+
+
+@pytest.mark.parametrize("start, error", [(1.0, TypeError), (True, TypeError), (torch.tensor(1), TypeError),
+                                          (-1, ValueError)])
+def test_attention_refuses_a_bad_start(start, error):
+    q, k = torch.randn(1, 2, 1, 4), torch.randn(1, 1, 2, 4)
+    with pytest.raises(error, match="start must be an int >= 0"):
+        causal_attention(q, k, k, start)
+    kc = torch.zeros(1, 1, 8, 4)
+    with pytest.raises(error, match="start must be an int >= 0"):
+        attend_with_cache(q, k[:, :, :1], k[:, :, :1], kc, kc.clone(), start)
+
+
+def test_attend_with_cache_refuses_a_cache_of_another_shape():
+    q, kn = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 1, 8)
+    for kc in (torch.zeros(1, 4, 16, 8), torch.zeros(1, 2, 16, 4), torch.zeros(2, 2, 16, 8)):
+        with pytest.raises(ValueError, match="k_cache and v_cache must both be"):
+            attend_with_cache(q, kn, kn, kc, kc.clone(), 0)
+    with pytest.raises(TypeError, match="k_cache must be a floating tensor"):
+        attend_with_cache(q, kn, kn, torch.zeros(1, 2, 16, 8, dtype=torch.long), torch.zeros(1, 2, 16, 8), 0)
+
+
+def test_repeat_kv_refuses_a_bad_group_size():
+    with pytest.raises(ValueError, match="group_size must be an int >= 1"):
+        from course_lib.models import repeat_kv
+        repeat_kv(torch.zeros(1, 1, 1, 1), 0)
+
+
+def test_inputs_and_cache_on_another_device_are_refused_before_any_work(toy):
+    # the meta device stands in for "another device" on a CPU-only machine
+    ids = torch.zeros(1, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match="positions is on meta but the model is on cpu"):
+        toy(ids, torch.arange(2, device="meta"))
+    with pytest.raises(ValueError, match="input_ids is on meta but the model is on cpu"):
+        toy(ids.to("meta"), torch.arange(2))
+    with pytest.raises(ValueError, match="prompt is on meta but the model is on cpu"):
+        generate_full_recompute(toy, torch.arange(3, device="meta"), 2)
+    cache = KVCache(4, 1, 2, 8, 32, device="meta")
+    with pytest.raises(ValueError, match="cache is on meta but the model is on cpu"):
+        toy(ids, torch.arange(2), cache)
+
+
+def test_from_hf_state_dict_needs_a_mapping():
+    with pytest.raises(TypeError, match="state_dict must be a Mapping"):
+        Decoder.from_hf_state_dict(toy_config(n_layers=1), [("norm.weight", torch.ones(256))])

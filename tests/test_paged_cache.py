@@ -95,9 +95,9 @@ def test_slot_refuses_positions_outside_length():
     seq = cache.new_sequence()
     cache.append(seq, *rand_kv(3))
     for bad in (3, 4, -1):
-        with pytest.raises(ValueError, match=f"position {bad}"):
+        with pytest.raises(ValueError, match=rf"position must be an int in \[0, 2\] .*got {bad}"):
             cache.slot(seq, bad)
-    with pytest.raises(ValueError, match="position must be an int"):
+    with pytest.raises(TypeError, match="position must be an int"):
         cache.slot(seq, True)
 
 
@@ -182,8 +182,8 @@ def test_release_twice_of_a_stale_copy_is_refused():
 # -- block id validation ---------------------------------------------------------------
 @pytest.mark.parametrize("method", ["incref", "decref", "check_id"])
 @pytest.mark.parametrize("bad, pattern", [
-    (8, "block_id 8 is out of range"),
-    (-1, "block_id -1 is out of range"),
+    (8, r"block_id must be an int in \[0, 7\] .*got 8"),
+    (-1, r"block_id must be an int in \[0, 7\] .*got -1"),
     (True, "block_id must be an int .*True"),
     (1.0, "block_id must be an int .*1.0"),
     (torch.tensor(1), "block_id must be an int"),
@@ -210,7 +210,7 @@ def test_free_block_ids_are_refused(method):
 
 def test_bad_ids_in_a_block_table_are_refused():
     _, cache = make(num_blocks=4, block_size=4)
-    with pytest.raises(ValueError, match="block_id 9 is out of range"):
+    with pytest.raises(ValueError, match=r"block_id must be an int in \[0, 3\] .*got 9"):
         cache.read(PagedSequence([9], 1, []))
     with pytest.raises(ValueError, match="block_table has 1 blocks but length 5"):
         cache.read(PagedSequence([0], 5, []))
@@ -221,6 +221,129 @@ def test_pool_sizes_are_validated():
                        ((4, 4, True, D), "n_kv_heads"), ((4, 4, H, 2.0), "head_dim")):
         with pytest.raises(ValueError, match=name):
             BlockPool(*args)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_pool_refuses_integer_dtypes(dtype):
+    with pytest.raises(TypeError, match="BlockPool dtype must be a floating torch dtype"):
+        BlockPool(4, 4, H, D, dtype=dtype)
+
+
+def test_block_id_type_errors_are_type_errors_and_numpy_ids_work():
+    import numpy as np
+    pool, _ = make(num_blocks=8, block_size=4)
+    b = pool.allocate()
+    with pytest.raises(TypeError, match=r"block_id must be an int in \[0, 7\]"):
+        pool.incref(2.0)
+    assert pool.incref(np.int64(b)) == 2 and type(pool.check_id(np.int64(b))) is int
+    with pytest.raises(TypeError, match="live must be a bool"):
+        pool.check_id(b, live=None)
+
+
+@pytest.mark.parametrize("fields, error, pattern", [
+    (dict(length=-1), ValueError, r"PagedSequence.length must be an int >= 0"),
+    (dict(length=2.0), TypeError, r"PagedSequence.length must be an int"),
+    (dict(block_table=[0, True], length=5), TypeError, r"PagedSequence.block_table\[1\] must be an int"),
+    (dict(block_table=[-1], length=1), ValueError, r"PagedSequence.block_table\[0\] must be an int >= 0"),
+    (dict(block_table="01", length=2), TypeError, "PagedSequence.block_table must be a list of ints"),
+    (dict(token_ids=[1, 2], length=1), ValueError, "PagedSequence.token_ids must hold at most length=1 ids"),
+    (dict(token_ids=[-3], length=1), ValueError, r"PagedSequence.token_ids\[0\] must be an int in \[0, "),
+    (dict(token_ids=[1.0], length=1), TypeError, r"PagedSequence.token_ids\[0\] must be an int"),
+])
+def test_paged_sequence_fields_are_checked_on_construction(fields, error, pattern):
+    with pytest.raises(error, match=pattern):
+        PagedSequence(**fields)
+
+
+def test_paged_sequence_stores_lists_of_ints():
+    import numpy as np
+    seq = PagedSequence((0, np.int64(1)), np.int64(5), (7,))
+    assert seq.block_table == [0, 1] and type(seq.block_table[1]) is int and type(seq.length) is int
+    assert seq.token_ids == [7] and isinstance(seq.token_ids, list)
+
+
+def test_a_table_that_names_a_block_twice_is_refused():
+    pool, cache = make(num_blocks=4, block_size=2)
+    a = cache.new_sequence()
+    cache.append(a, *rand_kv(2))
+    twice = PagedSequence([a.block_table[0], a.block_table[0]], 4)
+    for method in (cache.fork, cache.release, cache.read, cache.waste):
+        with pytest.raises(ValueError, match="seq.block_table must name each block once"):
+            method(twice)
+    assert pool.ref_counts[a.block_table[0]] == 1
+
+
+def test_a_seq_mutated_into_bad_fields_is_refused_before_any_change():
+    pool, cache = make(num_blocks=4, block_size=2)
+    a = cache.new_sequence()
+    cache.append(a, *rand_kv(3))
+    a.length = 3.0
+    with pytest.raises(TypeError, match="seq.length must be an int"):
+        cache.fork(a)
+    a.length = 3
+    a.block_table = tuple(a.block_table)
+    with pytest.raises(TypeError, match="seq.block_table and seq.token_ids must be lists"):
+        cache.append(a, *rand_kv(1))
+    with pytest.raises(TypeError, match="seq must be a PagedSequence"):
+        cache.fork([0, 1])
+    assert pool.ref_counts[:2] == [1, 1]
+
+
+@pytest.mark.parametrize("token_ids, error, pattern", [
+    ([1, -1], ValueError, r"token_ids\[1\] must be an int in \[0, "),
+    ([1, 2.0], TypeError, r"token_ids\[1\] must be an int"),
+    ("ab", TypeError, "token_ids must be a sequence of int token ids"),
+    (torch.tensor([1.0, 2.0]), TypeError, "token_ids must be an integer tensor"),
+    (torch.tensor([[1, 2]]), ValueError, r"token_ids must be an integer tensor of shape \(T,\)"),
+    (torch.tensor([1, -2]), ValueError, r"token_ids must hold values in \[0, "),
+])
+def test_append_refuses_bad_token_ids_without_writing(token_ids, error, pattern):
+    pool, cache = make(num_blocks=4, block_size=2)
+    seq = cache.new_sequence()
+    with pytest.raises(error, match=pattern):
+        cache.append(seq, *rand_kv(2), token_ids=token_ids)
+    assert seq.length == 0 and pool.num_free == 4
+
+
+def test_token_ids_from_a_tensor_or_numpy_array_hash_like_a_list():
+    import numpy as np
+    _, cache = make(num_blocks=8, block_size=2)
+    a = cache.new_sequence()
+    cache.append(a, *kv_of_tokens([4, 5, 6, 7], 0), token_ids=torch.tensor([4, 5, 6, 7]))
+    assert cache.new_sequence(np.array([4, 5, 6, 7])).block_table == a.block_table
+    assert compute_block_hash(torch.tensor([4, 5])) == compute_block_hash([4, 5]) == compute_block_hash((4, 5))
+
+
+@pytest.mark.parametrize("call, error, pattern", [
+    (lambda c, s: c.new_sequence("abc"), TypeError, "prefix_token_ids must be a sequence"),
+    (lambda c, s: c.new_sequence([0, -1]), ValueError, r"prefix_token_ids\[1\] must be an int in \[0, "),
+    (lambda c, s: c.pool.lookup_prefix([None]), TypeError, r"token_ids\[0\] must be an int"),
+    (lambda c, s: c.blocks_needed(s, -1), ValueError, "n_new must be an int >= 0"),
+    (lambda c, s: c.blocks_needed(s, 1.5), TypeError, "n_new must be an int"),
+    (lambda c, s: c.append(s, torch.zeros(1, H, D, dtype=torch.long), torch.zeros(1, H, D)), TypeError,
+     "k must be a floating tensor"),
+    (lambda c, s: c.append(s, torch.zeros(1, H, D), None), TypeError, "v must be a Tensor"),
+    (lambda c, s: c.slot(s, torch.tensor(0)), TypeError, "position must be an int"),
+    (lambda c, s: c.pool.register_full_block(s.block_table[0], [1, 2, 3, 4], prefix_hash=-1), ValueError,
+     r"prefix_hash must be an int in \[0, 18446744073709551615\]"),
+    (lambda c, s: compute_block_hash([1], prefix_hash="abc"), TypeError, "prefix_hash must be an int"),
+    (lambda c, s: compute_block_hash([2 ** 63]), ValueError,
+     r"token_ids\[0\] must be an int in \[0, 9223372036854775807\]"),
+    (lambda c, s: PagedKVCache("pool"), TypeError, "pool must be a BlockPool"),
+])
+def test_paged_arguments_are_checked_naming_them(call, error, pattern):
+    _, cache = make(num_blocks=4, block_size=4)
+    seq = cache.new_sequence()
+    cache.append(seq, *rand_kv(2))
+    with pytest.raises(error, match=pattern):
+        call(cache, seq)
+    assert seq.length == 2
+
+
+def test_slot_of_an_empty_sequence_names_the_empty_sequence():
+    _, cache = make()
+    with pytest.raises(ValueError, match=r"position 0 does not exist: seq is empty"):
+        cache.slot(cache.new_sequence(), 0)
 
 
 # -- exhaustion ------------------------------------------------------------------------

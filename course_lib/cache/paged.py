@@ -34,6 +34,9 @@ from typing import Sequence
 
 import torch
 
+from ..validation import (ArgumentTypeError, boolean, instance, integer, is_integer, nonnegative_integer,
+                          positive_integer, token_ids as _check_token_ids)
+
 __all__ = [
     "BlockPool",
     "BlockPoolExhaustedError",
@@ -54,37 +57,33 @@ def compute_block_hash(token_ids: Sequence[int], prefix_hash: int | None = None)
     """Chained hash of one full block: blake2b(prefix_hash bytes, token ids as int64).
 
     Args:
-        token_ids: the block's token ids (Python ints).
-        prefix_hash: the previous block's hash, or None for the first block.
+        token_ids: the block's token ids (ints >= 0, or a 1-D integer tensor).
+        prefix_hash: the previous block's hash (an int in [0, 2**64 - 1], as this function
+            returns), or None for the first block.
 
     Returns:
         A non-negative 64-bit int, deterministic across processes (unlike ``hash()``).
+
+    Raises:
+        ArgumentTypeError / ValueError: a token id that is not an int >= 0, a prefix_hash
+            that is not None or an int in [0, 2**64 - 1].
     """
+    tokens = _check_token_ids("token_ids", token_ids)
+    if prefix_hash is not None:
+        prefix_hash = integer("prefix_hash", prefix_hash, minimum=0, maximum=2 ** 64 - 1)
     h = hashlib.blake2b(digest_size=8)
     if prefix_hash is not None:
         h.update(prefix_hash.to_bytes(8, "little"))
-    for t in token_ids:
-        h.update(int(t).to_bytes(8, "little", signed=True))
+    for t in tokens:
+        h.update(t.to_bytes(8, "little", signed=True))
     return int.from_bytes(h.digest(), "little")
 
 
-def _is_int(value) -> bool:
-    """A Python int that is not a bool (bool is an int subclass)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _token_list(token_ids, name: str) -> list[int]:
-    """token_ids (a sequence of ints or a 1-D integer tensor) as a list of Python ints."""
-    if isinstance(token_ids, torch.Tensor):
-        if token_ids.dim() != 1 or token_ids.is_floating_point() or token_ids.is_complex():
-            raise ValueError(f"{name} must be a 1-D integer tensor or a list of ints, "
-                             f"got a tensor of shape {tuple(token_ids.shape)} and dtype {token_ids.dtype}")
-        return [int(t) for t in token_ids.tolist()]
-    tokens = list(token_ids)
-    for i, t in enumerate(tokens):
-        if not _is_int(t):
-            raise ValueError(f"{name}[{i}] must be an int, got {t!r}")
-    return tokens
+def _floating(name: str, x) -> torch.Tensor:
+    instance(name, x, torch.Tensor)
+    if not x.dtype.is_floating_point:
+        raise ArgumentTypeError(f"{name} must be a floating tensor, got dtype {x.dtype}")
+    return x
 
 
 class BlockPool:
@@ -112,17 +111,22 @@ class BlockPool:
             None; guards ``lookup_prefix`` against hash collisions.
 
     Errors:
-        ValueError: bad sizes, or a block id that is not an int, is a bool, is out of
-            range, or is free where a live block is needed (see ``check_id``).
+        ArgumentTypeError (a TypeError, also a ValueError): a size or block id that is not an
+            int (bool, float, tensor), a non-floating dtype.
+        ValueError: a size < 1, a block id outside 0 .. num_blocks - 1 or free where a live
+            block is needed (see ``check_id``).
         BlockPoolExhaustedError: ``allocate`` with no free block.
     """
 
     def __init__(self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
-                            ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
-            if not _is_int(value) or value <= 0:
-                raise ValueError(f"BlockPool {name} must be a positive int, got {value!r}")
+        num_blocks = positive_integer("BlockPool num_blocks", num_blocks)
+        block_size = positive_integer("BlockPool block_size", block_size)
+        n_kv_heads = positive_integer("BlockPool n_kv_heads", n_kv_heads)
+        head_dim = positive_integer("BlockPool head_dim", head_dim)
+        instance("BlockPool dtype", dtype, torch.dtype)
+        if not dtype.is_floating_point:
+            raise ArgumentTypeError(f"BlockPool dtype must be a floating torch dtype, got {dtype}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (num_blocks, block_size, n_kv_heads, head_dim)
@@ -148,18 +152,17 @@ class BlockPool:
         return len(self.free_block_ids)
 
     def check_id(self, block_id: int, live: bool = True) -> int:
-        """Validate a block id and return it.
+        """Validate a block id and return it as a Python int.
 
         Raises:
-            ValueError: ``block_id`` is not a Python int, is a bool, is outside
-                0 .. num_blocks - 1, or (when ``live``) names a free block.
+            ArgumentTypeError: ``block_id`` is not an int (a bool, a float, a tensor: use
+                int(t)), or ``live`` is not a bool.
+            ValueError: ``block_id`` is outside 0 .. num_blocks - 1, or (when ``live``) names
+                a free block.
         """
-        if not _is_int(block_id):
-            raise ValueError(f"block_id must be an int (not a bool), got {block_id!r} "
-                             f"of type {type(block_id).__name__}")
-        if not 0 <= block_id < self.num_blocks:
-            raise ValueError(f"block_id {block_id} is out of range 0..{self.num_blocks - 1}")
-        if live and self.ref_counts[block_id] == 0:
+        block_id = integer("block_id", block_id, minimum=0, maximum=self.num_blocks - 1,
+                           note=f"the pool has {self.num_blocks} blocks")
+        if boolean("live", live) and self.ref_counts[block_id] == 0:
             raise ValueError(f"block_id {block_id} is free (ref_count 0); a live block is needed")
         return block_id
 
@@ -187,7 +190,7 @@ class BlockPool:
         Raises:
             ValueError: ``block_id`` is invalid or free (use ``allocate`` for free blocks).
         """
-        self.check_id(block_id)
+        block_id = self.check_id(block_id)
         self.ref_counts[block_id] += 1
         return self.ref_counts[block_id]
 
@@ -198,7 +201,7 @@ class BlockPool:
         Raises:
             ValueError: ``block_id`` is invalid or already free.
         """
-        self.check_id(block_id)
+        block_id = self.check_id(block_id)
         self.ref_counts[block_id] -= 1
         if self.ref_counts[block_id] == 0:
             self._free(block_id)
@@ -228,10 +231,12 @@ class BlockPool:
             indexed; its hash is still recorded so that the next block can chain it.
 
         Raises:
-            ValueError: invalid/free ``block_id`` or ``len(token_ids) != block_size``.
+            ArgumentTypeError / ValueError: invalid/free ``block_id``, a token id that is not an
+                int >= 0, ``len(token_ids) != block_size``, a bad ``prefix_hash`` (as
+                ``compute_block_hash``).
         """
-        self.check_id(block_id)
-        tokens = tuple(_token_list(token_ids, "token_ids"))
+        block_id = self.check_id(block_id)
+        tokens = tuple(_check_token_ids("token_ids", token_ids))
         if len(tokens) != self.block_size:
             raise ValueError(f"token_ids must hold block_size={self.block_size} ids, got {len(tokens)}")
         block_hash = compute_block_hash(tokens, prefix_hash)
@@ -248,9 +253,10 @@ class BlockPool:
         changed (``PagedKVCache.new_sequence`` increfs what it reuses).
 
         Raises:
-            ValueError: ``token_ids`` holds something other than ints.
+            ArgumentTypeError / ValueError: ``token_ids`` is not a sequence of ints >= 0 (or a
+                1-D integer tensor).
         """
-        tokens = _token_list(token_ids, "token_ids")
+        tokens = _check_token_ids("token_ids", token_ids)
         found: list[int] = []
         prefix_hash = None
         bs = self.block_size
@@ -280,6 +286,27 @@ class PagedSequence:
     length: int = 0
     token_ids: list[int] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        """Check the fields (ints >= 0; at most ``length`` token ids) and store them as lists.
+
+        Raises:
+            ArgumentTypeError: a field or an entry of the wrong type (a bool, a float, a tensor).
+            ValueError: a negative entry or length, more token ids than ``length``.
+        The fit to a pool (table size, block ids in range and live) is checked by every
+        ``PagedKVCache`` method that takes the sequence."""
+        for name in ("block_table", "token_ids"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+                raise ArgumentTypeError(f"PagedSequence.{name} must be a list of ints, got "
+                                        f"{type(value).__qualname__}")
+        self.block_table = [nonnegative_integer(f"PagedSequence.block_table[{i}]", b)
+                            for i, b in enumerate(self.block_table)]
+        self.length = nonnegative_integer("PagedSequence.length", self.length)
+        self.token_ids = _check_token_ids("PagedSequence.token_ids", self.token_ids)
+        if len(self.token_ids) > self.length:
+            raise ValueError(f"PagedSequence.token_ids must hold at most length={self.length} ids, "
+                             f"got {len(self.token_ids)}")
+
     @property
     def tokens_known(self) -> bool:
         return len(self.token_ids) == self.length
@@ -291,16 +318,16 @@ class PagedKVCache:
     Args:
         pool: the ``BlockPool`` holding the storage (one layer).
 
-    Errors (every method): ``ValueError`` naming the bad argument (a ``seq`` whose table
-    is inconsistent or holds freed blocks, tensors of the wrong shape, bad positions or
-    token ids); ``BlockPoolExhaustedError`` when an ``append`` needs more free blocks
-    than the pool has, raised before anything is written or allocated.
+    Errors (every method): ``ArgumentTypeError`` (a TypeError, also a ValueError) for an
+    argument of the wrong type or dtype, ``ValueError`` naming the bad argument for a wrong
+    value (a ``seq`` whose table is inconsistent, repeats a block or holds freed blocks,
+    tensors of the wrong shape, positions or counts out of range, negative token ids);
+    ``BlockPoolExhaustedError`` when an ``append`` needs more free blocks than the pool has,
+    raised before anything is written or allocated.
     """
 
     def __init__(self, pool: BlockPool) -> None:
-        if not isinstance(pool, BlockPool):
-            raise ValueError(f"pool must be a BlockPool, got {type(pool).__name__}")
-        self.pool = pool
+        self.pool = instance("pool", pool, BlockPool)
 
     @property
     def block_size(self) -> int:
@@ -308,16 +335,21 @@ class PagedKVCache:
 
     # -- validation -------------------------------------------------------------------
     def _check_seq(self, seq: PagedSequence) -> None:
-        if not isinstance(seq, PagedSequence):
-            raise ValueError(f"seq must be a PagedSequence, got {type(seq).__name__}")
-        if not _is_int(seq.length) or seq.length < 0:
-            raise ValueError(f"seq.length must be a non-negative int, got {seq.length!r}")
+        """A sequence's fields may have been changed since it was built (learners' appends
+        do): check its fit to this pool on every call."""
+        instance("seq", seq, PagedSequence)
+        nonnegative_integer("seq.length", seq.length)
+        if not isinstance(seq.block_table, list) or not isinstance(seq.token_ids, list):
+            raise ArgumentTypeError(f"seq.block_table and seq.token_ids must be lists, got "
+                                    f"{type(seq.block_table).__qualname__} and {type(seq.token_ids).__qualname__}")
         expected = -(-seq.length // self.block_size)
         if len(seq.block_table) != expected:
             raise ValueError(f"seq.block_table has {len(seq.block_table)} blocks but length "
                              f"{seq.length} needs {expected} blocks of {self.block_size}")
         for block_id in seq.block_table:
             self.pool.check_id(block_id)
+        if len(set(seq.block_table)) != len(seq.block_table):
+            raise ValueError(f"seq.block_table must name each block once, got {seq.block_table}")
         if len(seq.token_ids) > seq.length:
             raise ValueError(f"seq.token_ids has {len(seq.token_ids)} ids for length {seq.length}")
 
@@ -329,10 +361,14 @@ class PagedKVCache:
         positions whose K/V are already cached (a multiple of block_size, possibly 0,
         possibly all of the prefix); the caller appends K/V for positions
         ``seq.length ..`` with their token ids. No block is allocated here.
+
+        Raises:
+            ArgumentTypeError / ValueError: ``prefix_token_ids`` is not None, a sequence of
+                ints >= 0 or a 1-D integer tensor.
         """
         if prefix_token_ids is None:
             return PagedSequence()
-        tokens = _token_list(prefix_token_ids, "prefix_token_ids")
+        tokens = _check_token_ids("prefix_token_ids", prefix_token_ids)
         reused = self.pool.lookup_prefix(tokens)
         for block_id in reused:
             self.pool.incref(block_id)
@@ -340,7 +376,10 @@ class PagedKVCache:
         return PagedSequence(block_table=list(reused), length=length, token_ids=tokens[:length])
 
     def fork(self, seq: PagedSequence) -> PagedSequence:
-        """A new sequence sharing every block of ``seq`` (each incref'd); O(blocks), no copy."""
+        """A new sequence sharing every block of ``seq`` (each incref'd); O(blocks), no copy.
+
+        Raises: ArgumentTypeError / ValueError: ``seq`` is not a PagedSequence of this pool
+        (inconsistent table, freed or repeated blocks)."""
         self._check_seq(seq)
         for block_id in seq.block_table:
             self.pool.incref(block_id)
@@ -348,7 +387,9 @@ class PagedKVCache:
                              token_ids=list(seq.token_ids))
 
     def release(self, seq: PagedSequence) -> None:
-        """Decref every block of ``seq`` (blocks at 0 go back to the pool) and empty it."""
+        """Decref every block of ``seq`` (blocks at 0 go back to the pool) and empty it.
+
+        Raises: as ``fork`` (a second release of a stale copy names the freed block)."""
         self._check_seq(seq)
         for block_id in seq.block_table:
             self.pool.decref(block_id)
@@ -359,10 +400,11 @@ class PagedKVCache:
     # -- data -------------------------------------------------------------------------
     def blocks_needed(self, seq: PagedSequence, n_new: int) -> int:
         """Free blocks an ``append`` of ``n_new`` positions would allocate (new blocks,
-        plus one for copy-on-write when the last block is partially filled and shared)."""
+        plus one for copy-on-write when the last block is partially filled and shared).
+
+        Raises: as ``fork``; ArgumentTypeError / ValueError for ``n_new`` not an int >= 0."""
         self._check_seq(seq)
-        if not _is_int(n_new) or n_new < 0:
-            raise ValueError(f"n_new must be a non-negative int, got {n_new!r}")
+        n_new = nonnegative_integer("n_new", n_new)
         if n_new == 0:
             return 0
         bs = self.block_size
@@ -386,14 +428,15 @@ class PagedKVCache:
         decref'd and the table entry replaced.
 
         Raises:
-            ValueError: shapes differ from (T, n_kv_heads, head_dim), ``len(token_ids)
-                != T``, or token ids given for a sequence whose earlier tokens are unknown.
+            ArgumentTypeError: k or v not a floating tensor; a token id that is not an int.
+            ValueError: shapes differ from (T, n_kv_heads, head_dim), a negative token id,
+                ``len(token_ids) != T``, or token ids given for a sequence whose earlier
+                tokens are unknown.
             BlockPoolExhaustedError: not enough free blocks; nothing was changed.
         """
         self._check_seq(seq)
         pool, bs = self.pool, self.block_size
-        if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor):
-            raise ValueError("k and v must be tensors of shape (T, n_kv_heads, head_dim)")
+        _floating("k", k), _floating("v", v)
         if k.dim() != 3 or tuple(k.shape[1:]) != (pool.n_kv_heads, pool.head_dim):
             raise ValueError(f"k must have shape (T, {pool.n_kv_heads}, {pool.head_dim}), "
                              f"got {tuple(k.shape)}")
@@ -402,7 +445,7 @@ class PagedKVCache:
         n_new = k.shape[0]
         tokens = None
         if token_ids is not None:
-            tokens = _token_list(token_ids, "token_ids")
+            tokens = _check_token_ids("token_ids", token_ids)
             if len(tokens) != n_new:
                 raise ValueError(f"token_ids must hold T={n_new} ids, got {len(tokens)}")
             if not seq.tokens_known:
@@ -473,14 +516,15 @@ class PagedKVCache:
         """(block_id, offset) holding logical ``position`` of ``seq``.
 
         Raises:
-            ValueError: ``position`` is not an int, is a bool, or is outside 0 .. length - 1.
+            ArgumentTypeError: ``position`` is not an int (a bool, a float, a tensor).
+            ValueError: ``position`` is outside 0 .. length - 1 (every position of an empty
+                sequence is).
         """
         self._check_seq(seq)
-        if not _is_int(position):
-            raise ValueError(f"position must be an int (not a bool), got {position!r}")
-        if not 0 <= position < seq.length:
-            raise ValueError(f"position {position} is outside 0..{seq.length - 1} "
-                             f"(seq.length {seq.length})")
+        if seq.length == 0 and is_integer(position):
+            raise ValueError(f"position {position} does not exist: seq is empty (length 0)")
+        position = integer("position", position, minimum=0, maximum=seq.length - 1,
+                           note=f"seq.length {seq.length}")
         return seq.block_table[position // self.block_size], position % self.block_size
 
     def waste(self, seq: PagedSequence) -> int:

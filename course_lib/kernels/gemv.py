@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from ..validation import instance, power_of_two
 from . import notice_once, triton_mode
 
 __all__ = ["reference_gemv", "gemv", "SUPPORTED_DTYPES", "DEFAULT_BLOCK_M", "DEFAULT_BLOCK_N"]
@@ -72,8 +73,8 @@ else:
 
 
 def _check_inputs(W: torch.Tensor, x: torch.Tensor) -> tuple[int, int]:
-    if not isinstance(W, torch.Tensor) or not isinstance(x, torch.Tensor):
-        raise TypeError(f"W and x must be torch.Tensor, got {type(W).__name__} and {type(x).__name__}")
+    instance("W", W, torch.Tensor)
+    instance("x", x, torch.Tensor)
     if W.dim() != 2:
         raise ValueError(f"W must have rank 2 (M, N), got shape {tuple(W.shape)}")
     if x.dim() != 1:
@@ -108,11 +109,6 @@ def reference_gemv(W: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return W.to(torch.float32) @ x.to(torch.float32)
 
 
-def _check_block(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1 or value & (value - 1):
-        raise ValueError(f"{name} must be a positive power of two (tl.arange needs one), got {value!r}")
-
-
 def gemv(
     W: torch.Tensor,
     x: torch.Tensor,
@@ -142,8 +138,8 @@ def gemv(
         a positive power of two.
     """
     M, N = _check_inputs(W, x)
-    _check_block("block_m", block_m)
-    _check_block("block_n", block_n)
+    block_m = power_of_two("block_m", block_m, note="tl.arange needs one")
+    block_n = power_of_two("block_n", block_n, note="tl.arange needs one")
 
     mode = triton_mode()
     if _gemv_kernel is None or mode == "unavailable":

@@ -11,10 +11,24 @@ import math
 
 import torch
 
+from ..validation import ArgumentTypeError, instance, nonnegative_integer, positive_integer
+
+
+def _float4(name: str, x) -> torch.Tensor:
+    """x as a rank-4 floating tensor, or an error naming it."""
+    instance(name, x, torch.Tensor)
+    if not x.dtype.is_floating_point:
+        raise ArgumentTypeError(f"{name} must be a floating tensor, got dtype {x.dtype}")
+    if x.dim() != 4:
+        raise ValueError(f"{name} must have rank 4 (B, H, T, D), got shape {tuple(x.shape)}")
+    return x
+
 
 def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
-    """(B, Hkv, S, D) -> (B, Hkv * group_size, S, D), each KV head repeated for its group."""
-    if group_size == 1:
+    """(B, Hkv, S, D) -> (B, Hkv * group_size, S, D), each KV head repeated for its group.
+
+    Raises: ArgumentTypeError / ValueError for a ``group_size`` that is not an int >= 1."""
+    if positive_integer("group_size", group_size) == 1:
         return x
     return x.repeat_interleave(group_size, dim=1)
 
@@ -25,13 +39,22 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     Args:
         q: (B, Hq, T, D) rotated queries at absolute positions start .. start+T-1.
         k, v: (B, Hkv, S, D) with S = start + T; Hkv divides Hq.
-        start: number of keys that precede the first query (cached positions).
+        start: number of keys that precede the first query (cached positions), an int >= 0.
 
     Returns:
         (B, Hq, T, D) in q's dtype; scores and softmax are computed in float32.
         Query i may attend key j iff j <= start + i.
+
+    Raises:
+        ArgumentTypeError: q, k, v not floating tensors; ``start`` not an int.
+        ValueError: ranks other than 4; k, v shapes that differ or do not match q's B and D;
+            S != start + T; Hkv that does not divide Hq; start < 0.
     """
-    B, Hq, T, D = q.shape
+    B, Hq, T, D = _float4("q", q).shape
+    _float4("k", k), _float4("v", v)
+    start = nonnegative_integer("start", start)
+    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"k and v must both be (B={B}, Hkv, S, D={D}), got {tuple(k.shape)} and {tuple(v.shape)}")
     S, Hkv = k.shape[-2], k.shape[1]
     if S != start + T:
         raise ValueError(f"expected start + T = {start + T} keys, got {S}")
@@ -64,19 +87,29 @@ def attend_with_cache(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     Args:
         q: (B, Hq, T, D) rotated queries.
         k_new, v_new: (B, Hkv, T, D) rotated keys and values of the new positions.
-        k_cache, v_cache: (B, Hkv, S_max, D) one layer's cache, written in place.
+        k_cache, v_cache: (B, Hkv, S_max, D) one layer's cache, written in place (cast to
+            the cache's dtype on write).
         start: slots already filled (int, 0 <= start, start + T <= S_max).
 
     Returns:
         (B, Hq, T, D) attention output.
 
     Raises:
+        ArgumentTypeError: a non-tensor or non-floating argument, ``start`` not an int.
         ValueError: the new block does not fit in the cache, or shapes disagree.
     """
-    T = q.shape[-2]
+    B, Hq, T, D = _float4("q", q).shape
+    _float4("k_new", k_new), _float4("v_new", v_new), _float4("k_cache", k_cache), _float4("v_cache", v_cache)
+    start = nonnegative_integer("start", start)
     if k_new.shape != v_new.shape or k_new.shape[-2] != T:
         raise ValueError(f"k_new {tuple(k_new.shape)} / v_new {tuple(v_new.shape)} do not match T={T}")
-    if start < 0 or start + T > k_cache.shape[-2]:
+    Hkv = k_new.shape[1]
+    if k_cache.shape != v_cache.shape or k_cache.shape[:2] != (B, Hkv) or k_cache.shape[3] != D \
+            or k_new.shape[0] != B or k_new.shape[3] != D:
+        raise ValueError(f"k_cache and v_cache must both be (B={B}, Hkv={Hkv}, S_max, D={D}) like k_new "
+                         f"{tuple(k_new.shape)} and q {tuple(q.shape)}, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    if start + T > k_cache.shape[-2]:
         raise ValueError(f"slots {start}..{start + T - 1} do not fit a cache of {k_cache.shape[-2]}")
     k_cache[:, :, start:start + T] = k_new
     v_cache[:, :, start:start + T] = v_new

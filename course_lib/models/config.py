@@ -9,6 +9,17 @@ embedding and (when untied) an output head.
 from __future__ import annotations
 
 from dataclasses import dataclass, asdict
+from numbers import Real
+
+from ..validation import ArgumentTypeError, boolean, is_integer, positive_integer, positive_number
+
+
+#: Largest ``max_seq_len`` accepted: float32 (in which RoPE angles are computed, as in Hugging
+#: Face's Llama) represents every integer position exactly only up to 2**24 = 16,777,216; beyond
+#: it neighbouring positions round to the same float and get the same rotation.
+MAX_POSITIONS: int = 2 ** 24
+
+_SIZE_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size", "max_seq_len")
 
 
 @dataclass(frozen=True)
@@ -20,16 +31,24 @@ class ModelConfig:
         d_model: residual width d.
         n_heads: query heads.
         n_kv_heads: key/value heads; must divide ``n_heads`` (GQA group = n_heads // n_kv_heads).
-        head_dim: width of one head; ``n_heads * head_dim`` is the q projection's output width.
+        head_dim: width of one head, even (RoPE turns pairs); ``n_heads * head_dim`` is the q
+            projection's output width.
         d_ff: SwiGLU hidden width.
-        vocab_size: token vocabulary.
-        tie_embeddings: output head shares the input embedding matrix.
-        rope_theta: RoPE base (omega_i = theta^(-2i/head_dim)).
-        norm_eps: RMSNorm epsilon.
-        max_seq_len: longest sequence the caches are sized for, in positions.
+        vocab_size: token vocabulary; token ids are 0 .. vocab_size - 1.
+        tie_embeddings: output head shares the input embedding matrix (a bool).
+        rope_theta: RoPE base (omega_i = theta^(-2i/head_dim)), a finite number > 0.
+        norm_eps: RMSNorm epsilon, a finite number > 0.
+        max_seq_len: longest sequence the model and its caches serve, in positions; valid
+            positions are 0 .. max_seq_len - 1 (at most ``MAX_POSITIONS`` = 2**24).
+
+    The size fields are stored as Python ints (a numpy integer is converted).
 
     Raises:
-        ValueError: a non-positive size, or ``n_kv_heads`` that does not divide ``n_heads``.
+        ArgumentTypeError (a TypeError and a ValueError, see ``course_lib.validation``): a size
+            that is not an int (bool and float included), a non-bool ``tie_embeddings``, a
+            non-number ``rope_theta`` or ``norm_eps``.
+        ValueError: a size < 1, ``max_seq_len`` > 2**24, an odd ``head_dim``, ``n_kv_heads``
+            that does not divide ``n_heads``, ``rope_theta`` or ``norm_eps`` not > 0 and finite.
     """
 
     n_layers: int
@@ -45,19 +64,20 @@ class ModelConfig:
     max_seq_len: int = 2048
 
     def __post_init__(self) -> None:
-        for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff",
-                     "vocab_size", "max_seq_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        for name in _SIZE_FIELDS:
+            maximum, note = (MAX_POSITIONS, "float32 RoPE angles are exact only for positions up to 2**24") \
+                if name == "max_seq_len" else (None, None)
+            value = positive_integer(f"ModelConfig.{name}", getattr(self, name), maximum=maximum, note=note)
+            object.__setattr__(self, name, value)  # frozen: normalise numpy ints to int
+        boolean("ModelConfig.tie_embeddings", self.tie_embeddings)
+        positive_number("ModelConfig.rope_theta", self.rope_theta)
+        positive_number("ModelConfig.norm_eps", self.norm_eps)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"ModelConfig.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} "
                 "(each KV head serves a whole group of query heads)")
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim must be even for RoPE pairs, got {self.head_dim}")
-        if not self.rope_theta > 0:
-            raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
 
     @property
     def group_size(self) -> int:
@@ -78,10 +98,15 @@ class ModelConfig:
         return self.n_layers * self.block_parameters() + self.d_model + embed + head
 
     def kv_bytes_per_token(self, bytes_per_value: int = 4) -> int:
-        """KV-cache bytes one position costs: 2 (K and V) * L * n_kv * d_head * bytes."""
+        """KV-cache bytes one position costs: 2 (K and V) * L * n_kv * d_head * bytes_per_value.
+
+        An int for an int ``bytes_per_value`` (exact), else a float (0.5 for int4).
+        Raises: ArgumentTypeError / ValueError for a ``bytes_per_value`` that is not a number > 0."""
+        positive_number("bytes_per_value", bytes_per_value)
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * bytes_per_value
 
     def to_dict(self) -> dict:
+        """The fields as a plain dict (``ModelConfig(**config.to_dict())`` rebuilds it)."""
         return asdict(self)
 
 
@@ -117,9 +142,26 @@ def smollm2_360m_config(**overrides) -> ModelConfig:
 
 
 def config_from_hf(hf_config) -> ModelConfig:
-    """Build a ModelConfig from a transformers ``LlamaConfig`` (or its ``to_dict()``)."""
+    """Build a ModelConfig from a transformers ``LlamaConfig`` (or its ``to_dict()``).
+
+    Keys read: num_hidden_layers, hidden_size, num_attention_heads, intermediate_size,
+    vocab_size (required); num_key_value_heads (default: num_attention_heads), head_dim
+    (default: hidden_size // num_attention_heads), tie_word_embeddings (False), rope_theta
+    (or rope_parameters["rope_theta"], 10000), rms_norm_eps (1e-5), max_position_embeddings (2048).
+
+    Raises:
+        ArgumentTypeError: ``hf_config`` is None, a str or a number.
+        ValueError: a required key is missing; then as ``ModelConfig``.
+    """
+    if hf_config is None or isinstance(hf_config, (str, bytes, Real)):
+        raise ArgumentTypeError(f"hf_config must be a transformers config or a dict, got "
+                                f"{type(hf_config).__qualname__}")
     get = (lambda k, d=None: hf_config.get(k, d)) if isinstance(hf_config, dict) else \
         (lambda k, d=None: getattr(hf_config, k, d))
+    required = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+    missing = [key for key in required if get(key) is None]
+    if missing:
+        raise ValueError(f"hf_config lacks {', '.join(missing)} (needed to build a ModelConfig)")
     n_heads = get("num_attention_heads")
     d_model = get("hidden_size")
     rope_theta = get("rope_theta")
@@ -128,7 +170,9 @@ def config_from_hf(hf_config) -> ModelConfig:
     return ModelConfig(
         n_layers=get("num_hidden_layers"), d_model=d_model, n_heads=n_heads,
         n_kv_heads=get("num_key_value_heads") or n_heads,
-        head_dim=get("head_dim") or d_model // n_heads, d_ff=get("intermediate_size"),
+        head_dim=get("head_dim") or (d_model // n_heads if is_integer(n_heads) and n_heads > 0 and is_integer(d_model)
+                                     else None),  # None: ModelConfig names the bad n_heads / d_model
+        d_ff=get("intermediate_size"),
         vocab_size=get("vocab_size"), tie_embeddings=bool(get("tie_word_embeddings", False)),
         rope_theta=float(rope_theta), norm_eps=float(get("rms_norm_eps", 1e-5)),
-        max_seq_len=int(get("max_position_embeddings", 2048)))
+        max_seq_len=get("max_position_embeddings") or 2048)

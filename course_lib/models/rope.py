@@ -10,23 +10,40 @@ from __future__ import annotations
 
 import torch
 
+from ..validation import ArgumentTypeError, instance, integer_tensor, positive_integer, positive_number
+from .config import MAX_POSITIONS
+
+_POSITION_NOTE = "float32 represents every integer position exactly only up to 2**24"
+
 
 def rope_frequencies(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
     """Angular frequencies omega_i = theta^(-2i/head_dim), shape (head_dim // 2,), float32.
 
     Raises:
-        ValueError: ``head_dim`` not a positive even int, or ``theta`` <= 0.
+        ArgumentTypeError / ValueError: ``head_dim`` not a positive even int, or ``theta`` not a
+            finite number > 0.
     """
-    if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
-        raise ValueError(f"head_dim must be a positive even int, got {head_dim!r}")
-    if not theta > 0:
-        raise ValueError(f"theta must be > 0, got {theta!r}")
+    head_dim = positive_integer("head_dim", head_dim)
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be a positive even int (RoPE turns pairs), got {head_dim}")
+    positive_number("theta", theta)
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
     return 1.0 / (theta ** exponents)
 
 
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float = 10000.0) -> torch.Tensor:
-    """Rotation angles position * omega_i, shape positions.shape + (head_dim // 2,), float32 (radians)."""
+    """Rotation angles position * omega_i, shape positions.shape + (head_dim // 2,), float32 (radians).
+
+    Args:
+        positions: integer tensor of any shape; any sign (a negative position turns backwards),
+            magnitude at most 2**24 (``MAX_POSITIONS``), beyond which float32 rounds neighbouring
+            positions to the same angle.
+
+    Raises:
+        ArgumentTypeError: ``positions`` not an integer tensor (float, bool, a list, ...).
+        ValueError: a position beyond +-2**24; bad ``head_dim`` / ``theta`` as ``rope_frequencies``.
+    """
+    integer_tensor("positions", positions, minimum=-MAX_POSITIONS, maximum=MAX_POSITIONS, note=_POSITION_NOTE)
     omega = rope_frequencies(head_dim, theta)
     return positions.to(torch.float32)[..., None] * omega
 
@@ -35,21 +52,21 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, batch: in
     """cos and sin of the rotation angles, broadcastable against (B, H, T, head_dim // 2).
 
     Args:
-        positions: int tensor (T,) shared by the batch, or (B, T).
+        positions: int tensor (T,) shared by the batch, or (B, T); |position| <= 2**24.
         batch: when given, a (B, T) ``positions`` must have this B.
 
     Returns:
         (cos, sin), each float32 of shape (1, 1, T, head_dim // 2) or (B, 1, T, head_dim // 2).
 
     Raises:
-        ValueError: float/bool positions, or a rank other than 1 or 2, or a batch mismatch.
+        ArgumentTypeError: float/bool positions, or not a tensor.
+        ValueError: a rank other than 1 or 2, a batch mismatch, a position beyond +-2**24.
     """
-    if positions.dtype.is_floating_point or positions.dtype == torch.bool:
-        raise ValueError(f"positions must be an integer tensor, got {positions.dtype}")
-    if positions.dim() not in (1, 2):
-        raise ValueError(f"positions must be (T,) or (B, T), got shape {tuple(positions.shape)}")
-    if positions.dim() == 2 and batch is not None and positions.shape[0] != batch:
-        raise ValueError(f"positions must be (B, T) with B={batch}, got {tuple(positions.shape)}")
+    integer_tensor("positions", positions, ranks=(1, 2), layout="(T,) or (B, T)")
+    if batch is not None:
+        batch = positive_integer("batch", batch)
+        if positions.dim() == 2 and positions.shape[0] != batch:
+            raise ValueError(f"positions must be (B, T) with B={batch}, got {tuple(positions.shape)}")
     angles = rope_angles(positions, head_dim, theta)
     angles = angles[None, None] if positions.dim() == 1 else angles[:, None]
     return angles.cos(), angles.sin()
@@ -57,8 +74,15 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, batch: in
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Turn each split-half pair (x_i, x_{i+D/2}) of x (B, H, T, D) by the angle whose cos/sin
-    are given (from ``rope_cos_sin``). Computed in float32, returned in x's dtype."""
+    are given (from ``rope_cos_sin``, last dimension D // 2). Computed in float32, returned in
+    x's dtype.
+
+    Raises: ValueError when cos/sin's last dimension is not D // 2 (other shape errors are
+    torch's broadcasting errors; ``apply_rope`` checks everything)."""
     D = x.shape[-1]
+    if 2 * cos.shape[-1] != D or sin.shape != cos.shape:
+        raise ValueError(f"cos and sin must have last dimension D // 2 = {D // 2} (x is {tuple(x.shape)}), "
+                         f"got {tuple(cos.shape)} and {tuple(sin.shape)}")
     xf = x.to(torch.float32)
     x1, x2 = xf[..., : D // 2], xf[..., D // 2:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
@@ -68,23 +92,30 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0)
     """Rotate query or key vectors by their absolute positions.
 
     Args:
-        x: (B, H, T, D) float tensor, D even.
+        x: (B, H, T, D) floating tensor, D even.
         positions: int tensor of shape (T,) shared by the batch, or (B, T): the absolute
-            position of each of the T vectors (not its slot in a cache).
-        theta: RoPE base.
+            position of each of the T vectors (not its slot in a cache); any sign,
+            |position| <= 2**24.
+        theta: RoPE base, a finite number > 0.
 
     Returns:
         Tensor of x's shape and dtype; the rotation is computed in float32.
 
     Raises:
-        ValueError: wrong ranks, odd D, or positions that do not match x's T (or B).
+        ArgumentTypeError: x not a floating tensor, positions not an integer tensor.
+        ValueError: wrong ranks, odd D, positions that do not match x's T (or B), a position
+            beyond +-2**24, theta not > 0.
     """
+    instance("x", x, torch.Tensor)
+    if not x.dtype.is_floating_point:
+        raise ArgumentTypeError(f"x must be a floating tensor (B, H, T, D), got dtype {x.dtype}")
     if x.dim() != 4:
         raise ValueError(f"x must be (B, H, T, D), got shape {tuple(x.shape)}")
     B, _, T, D = x.shape
     if D % 2:
         raise ValueError(f"x's last dimension must be even, got {D}")
-    if positions.dim() >= 1 and positions.shape[-1] != T:
+    integer_tensor("positions", positions, ranks=(1, 2), layout="(T,) or (B, T)")
+    if positions.shape[-1] != T:
         raise ValueError(f"positions has {positions.shape[-1]} entries for T={T} vectors")
     cos, sin = rope_cos_sin(positions, D, theta, batch=B)
     return rotate_pairs(x, cos, sin)
