@@ -30,7 +30,7 @@ Pieces
                             error / unjudged, message; hidden checks' messages redacted).
                             In-place changes the kernel reports are applied to the judge's
                             objects only for the arguments a checker expects to change
-                            (WRITABLE), so learner code cannot rewrite a checker's inputs.
+                            (the contract's ``writes``), so learner code cannot rewrite a checker's inputs.
     CourseJudge             an nbgrader ``Execute`` mixin: after each graded cell has run
                             normally, judges it against the same live kernel, stores the
                             verdict in the cell metadata and ``{notebook}.judge.json`` next
@@ -102,23 +102,9 @@ finally:
 VERDICT_SUFFIX = ".judge.json"
 PASSED, FAILED, ERROR, UNJUDGED, SKIPPED = "passed", "failed", "error", "unjudged", "skipped"
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
-#: Keyword arguments of test cells that name kernel objects: the judge builds its own
-#: (module, factory, kwargs). ``toy`` is Lab 2's ``toy_decoder(seed=0)``, what its set-up cell builds
-#: (the kernel's own ``toy`` is never used: learner code could have changed it).
-DEFAULT_SUBSTITUTES: dict[str, tuple[str, str, dict]] = {
-    "toy": ("course_lib.models.decoder", "toy_decoder", {"seed": 0}),
-}
-#: What a checker lets the learner's functions change in place: positional indices ("args"),
-#: keyword names ("kwargs") and course_lib types ("types") of arguments, with everything reachable
-#: from them (a pool's tensors and lists). Any other change the kernel reports is NOT applied to
-#: the judge's objects, so a function cannot rewrite a checker's inputs or reference data (e.g.
-#: zero the K/V it was given, which check_paged also uses as the truth, or set a KVCache's length
-#: that check_kv_cache_bytes reads after the call). A checker of a future lab whose functions
-#: write into an argument must be listed here (its solution notebook fails the judge otherwise).
-WRITABLE: dict[str, dict[str, tuple]] = {
-    "lab02.check_attention_step": {"args": (3, 4)},                 # k_cache, v_cache
-    "lab02.check_paged": {"types": ("BlockPool", "PagedSequence")},  # pool, seq
-}
+# What a checker lets the learner's functions change in place, and which notebook objects the
+# judge rebuilds on its side (``model=toy``: the kernel's own object is never used), are declared
+# once, in each lab's CONTRACTS table (course_lib.grading.tables.Contract): see declared_contract.
 
 
 # == errors ======================================================================================
@@ -482,7 +468,7 @@ class KernelSession:
 
     def call(self, name: str, args: tuple, kwargs: dict, deadline: float, writable: dict | None = None):
         """Call the kernel's ``name`` on plain-data copies of ``args``/``kwargs``; mirror the
-        in-place changes ``writable`` allows (see WRITABLE; None: none); return the strictly
+        in-place changes ``writable`` allows (``writable_spec``; None: none); return the strictly
         decoded result.
 
         Raises: LearnerRaised (the function raised), LearnerFault (missing, timeout, result
@@ -880,6 +866,29 @@ def _trusted_checker(module: str, checker: str) -> Callable:
     return fn
 
 
+def declared_contract(module: str, checker: str):
+    """The ``Contract`` of ``course_lib.grading.MODULE.CONTRACTS`` whose checker is CHECKER.
+
+    Raises:
+        UnsupportedCell: the lab declares no contract for it (a graded cell may call only
+            declared checkers: the table says what their learner functions may write).
+    """
+    mod = importlib.import_module(f"course_lib.grading.{module}")
+    for contract in getattr(mod, "CONTRACTS", ()):
+        if contract.checker.__name__ == checker:
+            return contract
+    raise UnsupportedCell(f"course_lib.grading.{module}.CONTRACTS declares no contract for {checker}")
+
+
+def writable_spec(contract) -> dict | None:
+    """The contract's ``Writes`` as RemoteFunction takes it (None: nothing may change)."""
+    writes = contract.writes
+    if not writes:
+        return None
+    return {"args": tuple(writes.args), "kwargs": tuple(writes.kwargs),
+            "types": tuple(t.__name__ for t in writes.types)}
+
+
 def _substitute(name: str, substitutes: dict, cache: dict):
     if name not in substitutes:
         raise UnsupportedCell(f"keyword value {name!r} names a kernel object the judge has no substitute for")
@@ -906,7 +915,8 @@ def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed:
         grade_id, seed: the cell's id and the judge's base seed; ``fresh_seed()`` occurrence k
             of the cell becomes ``derived_seed(seed, grade_id, k)``.
         cell_timeout, call_timeout: seconds for the whole cell and for one call into the kernel.
-        substitutes: kernel-object keyword values -> judge-side factories (DEFAULT_SUBSTITUTES).
+        substitutes: kernel-object keyword values -> judge-side factories ``(module, factory, kwargs)``,
+            over those the checker's contract declares (``Contract.objects``).
         keep_going: run the remaining checks after a failure (default: stop, like the cell does).
 
     Returns:
@@ -917,7 +927,7 @@ def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed:
     """
     start = time.monotonic()
     cell_deadline = start + cell_timeout
-    substitutes = DEFAULT_SUBSTITUTES if substitutes is None else substitutes
+    substitutes = dict(substitutes or {})
     verdict: dict[str, Any] = {"grade_id": grade_id, "status": UNJUDGED, "message": "", "checks": [],
                                "kernel_only": 0, "seconds": 0.0}
     try:
@@ -957,12 +967,14 @@ def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed:
             if time.monotonic() > cell_deadline:
                 raise CallTimeout("the judge's time for this cell ran out")
             checker = _trusted_checker(call.module, call.checker)
+            contract = declared_contract(call.module, call.checker)
+            objects = {**contract.objects, **substitutes}
             kwargs = {}
             for key, value in call.kwargs.items():
                 if value is FRESH:
                     kwargs[key] = seeds[key]
                 elif isinstance(value, KernelName):
-                    kwargs[key] = _substitute(value.name, substitutes, cache)
+                    kwargs[key] = _substitute(value.name, objects, cache)
                 else:
                     kwargs[key] = value
             info = session.describe(call.functions, min(cell_deadline, time.monotonic() + call_timeout))
@@ -974,7 +986,7 @@ def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed:
                 if entry.get("callable"):
                     proxies.append(RemoteFunction(session, name, entry,
                                                   lambda: min(cell_deadline, time.monotonic() + call_timeout),
-                                                  WRITABLE.get(f"{call.module}.{call.checker}")))
+                                                  writable_spec(contract)))
                 else:
                     proxies.append(remote.opaque_class(entry.get("type") or "object")())
             checker(*proxies, **kwargs)
@@ -1125,7 +1137,7 @@ def _make_mixin():
                 try:
                     session = self._judge_connect()
                     timeout = self.cell_timeout or float(getattr(self, "timeout", None) or 300)
-                    subs = {**DEFAULT_SUBSTITUTES, **{k: tuple(v) for k, v in self.substitutes.items()}}
+                    subs = {k: tuple(v) for k, v in self.substitutes.items()}
                     verdict = judge_cell(session, source, grade_id=grade_id, seed=self._judge_base,
                                          cell_timeout=timeout, call_timeout=self.call_timeout,
                                          substitutes=subs, log=self.log.info)

@@ -39,7 +39,7 @@ becomes ``opaque`` and is decoded as a stand-in object that equals nothing); an 
 object returned or kept in a container comes back as a ``ref`` to the judge's own object.
 After each call the kernel sends the new state of every argument object that changed, and
 the judge applies it to those of its own objects the checker expects to change
-(``ResultDecoder.apply_state``; the judge's ``WRITABLE`` table), so a checker sees in-place
+(``ResultDecoder.apply_state``; the contract's ``writes`` in the lab's CONTRACTS table), so a checker sees in-place
 writes (attend_with_cache's cache, paged_append's pool and sequence) as it would in-process,
 while a change to any other argument (a checker's input or reference data) is not applied. Tokens fed through a Decoder's ``embed_tokens`` are counted kernel-side and
 replayed on the judge's model, so a checker's forward hook sees the same counts.

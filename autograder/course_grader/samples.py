@@ -1,24 +1,29 @@
 #!/usr/bin/env python
-"""Regenerate the sample submissions in autograder/samples/ from labs/ and solutions/.
+"""Regenerate the sample submissions in autograder/samples/ from the labs' fault tables.
 
-    python -m course_grader.samples          (or: make samples)
+    python -m course_grader.samples            (or: make samples)
+    python -m course_grader.samples --check    exit 1 if a committed sample or the expected
+                                               scores differ from what the tables give
 
-For each lab in FAULTS this writes, as nbgrader's submitted layout
-``samples/{learner}/{lab}/{lab}.ipynb``:
+For each lab (``solutions/NN_name/``, with its tables in ``course_lib.grading.labNN``) this
+writes, as nbgrader's submitted layout ``samples/{learner}/{lab}/{lab}.ipynb``:
 - ``solution``: the learner release with every solution cell filled in from solutions/
   (markers removed) - what a learner who solved everything hands in;
 - ``release``: the untouched learner release (every exercise still raises);
-- one ``fault_*`` learner per injected fault of the lab: the solution with one small,
-  realistic edit in one solution cell.
-
-The expected scores are NOT generated: ``samples/expected_scores.csv`` is written by hand
-from what each fault should lose, so a grader that stops catching a fault fails CI.
+- one ``fault_<name>`` learner per entry of the lab's ``FAULTS``: the solution with that
+  fault's edits made in its solution cells;
+and ``samples/expected_scores.csv``: per lab, the solution scores every point, the release 0,
+and each fault every point but those of the tests its ``fails`` lists (0 each). The points come
+from the source notebook's nbgrader metadata, the failures from the table: a grader that stops
+catching a fault makes `make test-grading` fail.
 """
 from __future__ import annotations
 
 import copy
+import csv
+import importlib
+import io
 import sys
-from pathlib import Path
 
 import nbformat
 
@@ -26,130 +31,147 @@ from .paths import REPO_ROOT as ROOT
 from .paths import SAMPLES
 
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
-
-# lab -> learner -> list of (solution cell grade_id, text to find, replacement). Each edit
-# must match exactly once, so a change to the solution cannot silently disable a fault.
-FAULTS: dict[str, dict[str, list[tuple[str, str, str]]]] = {
-    "01_roofline": {
-        "fault_untied_embedding_in_nmatmul": [(
-            "count_parameters",
-            "n_matmul = n_params - (0 if config.tie_embeddings else table)",
-            "n_matmul = n_params")],
-        "fault_kv_factor_two_missing": [(
-            "kv_bytes_per_token",
-            "return 2 * config.n_layers * config.n_kv_heads",
-            "return config.n_layers * config.n_kv_heads")],
-        "fault_query_heads_for_kv": [(
-            "kv_bytes_per_token",
-            "config.n_kv_heads * config.head_dim",
-            "config.n_heads * config.head_dim")],
-        "fault_gib_for_gb": [(
-            "requests_that_fit",
-            "free = device.capacity_gb * 1e9 - weight_bytes - overhead_gb * 1e9",
-            "free = device.capacity_gb * 2**30 - weight_bytes - overhead_gb * 2**30")],
-        "fault_sum_not_max": [(
-            "decode_step_bound",
-            "return max(bytes_moved / bandwidth, flops / peak)",
-            "return bytes_moved / bandwidth + flops / peak")],
-    },
-    "03_scheduling": {
-        "fault_cost_sum_not_max": [(
-            "iteration_time",
-            "return max(memory_s, compute_s)",
-            "return memory_s + compute_s")],
-        "fault_chunk_attention_without_kc": [(
-            "iteration_time",
-            "sum(k * c + k * (k + 1) // 2 for k, c in chunks)",
-            "sum(k * (k + 1) // 2 for k, c in chunks)")],
-        "fault_preempt_oldest": [(
-            "schedule_step",
-            "evicted.append(live[-1])",
-            "evicted.append(live[0])")],
-        "fault_reprefill_forgets_generated": [(
-            "schedule_step",
-            "cost = prompt + generated",
-            "cost = prompt")],
-        "fault_tpot_divides_by_n_out": [(
-            "serving_metrics",
-            "/ (r.output - 1) for r in records if r.output > 1]",
-            "/ r.output for r in records if r.output > 1]")],
-        "fault_p99_mean_of_per_request_p99": [(
-            "serving_metrics",
-            '"itl99": float(np.quantile(itl, 0.99))',
-            '"itl99": float(np.mean([np.quantile(g, 0.99) for g in gaps if len(g)]))')],
-    },
-    "02_kv_cache": {
-        "fault_rope_off_by_one": [(
-            "generate_with_cache",
-            "position = torch.tensor([cache.length])",
-            "position = torch.tensor([cache.length + 1])")],
-        "fault_frozen_position": [(
-            "generate_with_cache",
-            "position = torch.tensor([cache.length])",
-            "position = torch.tensor([prompt.numel()])")],
-        "fault_position_reset": [(
-            "generate_with_cache",
-            "position = torch.tensor([cache.length])",
-            "position = torch.arange(1)                        # positions restart at 0 on every append")],
-        "fault_kv_repeat_misaligned": [(
-            "attend_with_cache",
-            "k = k_cache[:, :, :start + T].repeat_interleave(group, dim=1)\n"
-            "    v = v_cache[:, :, :start + T].repeat_interleave(group, dim=1)",
-            "k = k_cache[:, :, :start + T].repeat(1, group, 1, 1)\n"
-            "    v = v_cache[:, :, :start + T].repeat(1, group, 1, 1)")],
-        "fault_cache_never_cropped": [
-            ("score_suffixes",
-             "max_len=P + max(s.numel() for s in suffixes)",
-             "max_len=P + sum(s.numel() for s in suffixes)"),
-            ("score_suffixes",
-             "        cache.crop(P)                                       # forget the previous branch\n",
-             "")],
-    },
-}
+EXPECTED = SAMPLES / "expected_scores.csv"
 
 
 def _grade_id(cell) -> str | None:
     return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
 
 
-def _solution_sources(lab: str) -> dict[str, str]:
-    source = nbformat.read(ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+def labs() -> list[str]:
+    """Labs with a source notebook, in order."""
+    return sorted(p.name for p in (ROOT / "solutions").iterdir() if (p / f"{p.name}.ipynb").is_file())
+
+
+def tables(lab: str):
+    """``course_lib.grading.labNN`` of LAB (its CONTRACTS and FAULTS)."""
+    module = importlib.import_module(f"course_lib.grading.lab{lab[:2]}")
+    if not hasattr(module, "FAULTS"):
+        raise SystemExit(f"course_grader.samples: course_lib.grading.lab{lab[:2]} declares no FAULTS table")
+    return module
+
+
+def source_notebook(lab: str) -> nbformat.NotebookNode:
+    return nbformat.read(ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+
+
+def solution_sources(lab: str) -> dict[str, str]:
+    """grade_id -> source of each solution cell of the source notebook, without the solution
+    markers, in notebook order (what a learner who solved everything wrote)."""
     out = {}
-    for cell in source.cells:
+    for cell in source_notebook(lab).cells:
         if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
-            lines = [ln for ln in cell.source.splitlines() if ln.strip() not in MARKERS]
-            out[_grade_id(cell)] = "\n".join(lines)
+            out[_grade_id(cell)] = "\n".join(ln for ln in cell.source.splitlines() if ln.strip() not in MARKERS)
+    return out
+
+
+def test_points(lab: str) -> dict[str, float]:
+    """grade_id -> points of each graded test cell of the source notebook."""
+    out = {}
+    for cell in source_notebook(lab).cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("grade") and not meta.get("solution"):
+            out[meta["grade_id"]] = meta.get("points", 0)
     return out
 
 
 def build(lab: str) -> dict[str, nbformat.NotebookNode]:
+    """learner -> notebook, for the solution, the release and every fault of LAB."""
     release = nbformat.read(ROOT / "labs" / lab / f"{lab}.ipynb", as_version=4)
     solved = copy.deepcopy(release)
-    sources = _solution_sources(lab)
+    sources = solution_sources(lab)
     for cell in solved.cells:
         if _grade_id(cell) in sources:
             cell.source = sources[_grade_id(cell)]
     notebooks = {"solution": solved, "release": release}
-    for learner, edits in FAULTS[lab].items():
+    for fault in tables(lab).FAULTS:
         nb = copy.deepcopy(solved)
-        for grade_id, old, new in edits:
-            cell = next(c for c in nb.cells if _grade_id(c) == grade_id)
-            if cell.source.count(old) != 1:
-                sys.exit(f"make_samples: {learner}: expected exactly one {old!r} in cell {grade_id}, "
-                         f"found {cell.source.count(old)}; update FAULTS to the new solution")
-            cell.source = cell.source.replace(old, new)
-        notebooks[learner] = nb
+        for edit in fault.edits:
+            cell = next((c for c in nb.cells if _grade_id(c) == edit.cell), None)
+            if cell is None:
+                raise SystemExit(f"course_grader.samples: {fault.learner}: no solution cell {edit.cell!r} in {lab}")
+            try:
+                cell.source = edit.apply(cell.source)
+            except ValueError as exc:
+                raise SystemExit(f"course_grader.samples: {fault.learner}: {exc}") from None
+        notebooks[fault.learner] = nb
     return notebooks
 
 
-def main() -> None:
-    for lab in FAULTS:
+def expected_rows(lab: str) -> list[dict]:
+    """Rows of expected_scores.csv for LAB: totals, and a 0 row per test a fault must fail."""
+    points = test_points(lab)
+    total = sum(points.values())
+    rows = [{"learner": "solution", "lab": lab, "cell": "total", "score": total},
+            {"learner": "release", "lab": lab, "cell": "total", "score": 0}]
+    for fault in tables(lab).FAULTS:
+        unknown = sorted(set(fault.fails) - set(points))
+        if unknown:
+            raise SystemExit(f"course_grader.samples: {fault.learner} fails tests not in {lab}: {unknown}")
+        rows.append({"learner": fault.learner, "lab": lab, "cell": "total",
+                     "score": total - sum(points[t] for t in fault.fails)})
+        rows += [{"learner": fault.learner, "lab": lab, "cell": test, "score": 0}
+                 for test in points if test in fault.fails]
+    return rows
+
+
+def _format(score) -> str:
+    return str(int(score)) if float(score).is_integer() else repr(float(score))
+
+
+def expected_csv() -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, ["learner", "lab", "cell", "score"], lineterminator="\n")
+    writer.writeheader()
+    for lab in labs():
+        for row in expected_rows(lab):
+            writer.writerow({**row, "score": _format(row["score"])})
+    return out.getvalue()
+
+
+def generated() -> dict[str, str]:
+    """Path relative to samples/ -> the text each generated file must have."""
+    files = {"expected_scores.csv": expected_csv()}
+    for lab in labs():
         for learner, nb in build(lab).items():
-            path = SAMPLES / learner / lab / f"{lab}.ipynb"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            nbformat.write(nb, path)
+            files[f"{learner}/{lab}/{lab}.ipynb"] = nbformat.writes(nb) + "\n"
+    return files
+
+
+def stale() -> list[str]:
+    """Generated files whose committed copy under samples/ differs or is missing, and sample
+    folders no table asks for."""
+    files = generated()
+    problems = [name for name, text in files.items()
+                if not (SAMPLES / name).is_file() or (SAMPLES / name).read_text() != text]
+    wanted = {name.split("/")[0] for name in files if "/" in name}
+    problems += [f"{p.name}/ (no longer generated)" for p in SAMPLES.iterdir() if p.is_dir() and p.name not in wanted]
+    return sorted(problems)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--check"]:
+        problems = stale()
+        if problems:
+            print("autograder/samples/ is stale (run `make samples`):\n  " + "\n  ".join(problems))
+            return 1
+        print("autograder/samples/ matches the labs' tables")
+        return 0
+    files = generated()
+    wanted = {name.split("/")[0] for name in files if "/" in name}
+    for folder in SAMPLES.iterdir():
+        if folder.is_dir() and folder.name not in wanted:
+            import shutil
+            shutil.rmtree(folder)
+            print(f"removed {folder.relative_to(ROOT)}")
+    for name, text in files.items():
+        path = SAMPLES / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
             print(f"wrote {path.relative_to(ROOT)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

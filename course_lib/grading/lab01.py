@@ -30,6 +30,7 @@ from typing import Callable
 from .. import roofline as ref
 from ..hardware import Accelerator
 from ..models.config import ModelConfig
+from .tables import Contract, Edit, Fault, check_tables
 from .contracts import (ContractError, check_bytes, check_int, check_own_function, check_real, check_significant,
                         significant_tolerance)
 
@@ -386,3 +387,54 @@ def check_requests_that_fit(fn: Callable, seed: int = 0, cases: int = 6) -> None
             "a negative count when nothing fits (should be 0)":
                 lambda: math.floor((cap * 1e9 - weight_bytes - overhead * 1e9) / per_request),
         }, exact=True)
+
+
+# -- the lab's declared tables (see tables.py) -------------------------------------------------
+CONTRACTS = (
+    Contract("test_count_parameters", check_parameter_count, ("count_parameters",)),
+    Contract("test_kv_bytes_per_token", check_kv_bytes_per_token, ("kv_bytes_per_token",)),
+    Contract("test_prefill_time", check_prefill_time, ("prefill_time",)),
+    Contract("test_decode_step_bound", check_decode_step_bound, ("decode_step_bound",)),
+    Contract("test_gemv_intensity", check_gemv_intensity, ("gemv_intensity",)),
+    Contract("test_gemm_intensity", check_gemm_intensity, ("gemm_intensity",)),
+    Contract("test_requests_that_fit", check_requests_that_fit, ("requests_that_fit",)),
+)
+
+# The notebook's functions call each other (prefill_time and decode_step_bound call
+# count_parameters and kv_bytes_per_token), so a fault in one fails the tests of its callers too.
+FAULTS = (
+    Fault("untied_embedding_in_nmatmul",
+          (Edit("count_parameters", "n_matmul = n_params - (0 if config.tie_embeddings else table)",
+                "n_matmul = n_params"),),
+          {"test_count_parameters": "untied input embedding counted in N_matmul",
+           "test_prefill_time": r"N \(all parameters\)", "test_decode_step_bound": r"N \(all parameters"},
+          "counts the input embedding of an untied model as a matmul weight"),
+    Fault("kv_factor_two_missing",
+          (Edit("kv_bytes_per_token", "return 2 * config.n_layers * config.n_kv_heads",
+                "return config.n_layers * config.n_kv_heads"),),
+          {"test_kv_bytes_per_token": "factor 2 for K and V forgotten",
+           "test_decode_step_bound": "without the factor 2", "test_requests_that_fit": "without the factor 2"},
+          "counts K or V, not both"),
+    Fault("query_heads_for_kv",
+          (Edit("kv_bytes_per_token", "config.n_kv_heads * config.head_dim", "config.n_heads * config.head_dim"),),
+          {"test_kv_bytes_per_token": "query heads .* used instead of KV heads",
+           "test_decode_step_bound": "query heads instead of KV heads",
+           "test_requests_that_fit": "query heads instead of KV heads"},
+          "sizes the KV cache with the query heads (ignores grouped-query attention)"),
+    Fault("gib_for_gb",
+          (Edit("requests_that_fit", "free = device.capacity_gb * 1e9 - weight_bytes - overhead_gb * 1e9",
+                "free = device.capacity_gb * 2**30 - weight_bytes - overhead_gb * 2**30"),),
+          {"test_requests_that_fit": "binary GiB"},
+          "reads the device's decimal GB as binary GiB"),
+    Fault("sum_not_max",
+          (Edit("decode_step_bound", "return max(bytes_moved / bandwidth, flops / peak)",
+                "return bytes_moved / bandwidth + flops / peak"),),
+          {"test_decode_step_bound": "added instead of taking the max"},
+          "adds the memory and compute times instead of taking the larger"),
+    Fault("q_and_o_sized_d_by_d",
+          (Edit("count_parameters", "attention = d * q_width + 2 * d * kv_width + q_width * d",
+                "attention = d * d + 2 * d * kv_width + d * d"),),
+          {"test_count_parameters": "W_q and W_o sized d x d"},
+          "sizes W_q and W_o as d x d, wrong when d != n_heads * head_dim"),
+)
+check_tables(CONTRACTS, FAULTS)

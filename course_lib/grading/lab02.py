@@ -16,10 +16,12 @@ from typing import Callable
 import torch
 
 from ..cache.contiguous import KVCache
+from ..cache.paged import BlockPool, PagedSequence
 from ..models.attention import attend_with_cache, causal_attention
 from ..models.config import ModelConfig, toy_config
 from ..models.decoder import Decoder, generate_full_recompute
 from ..models.rope import apply_rope
+from .tables import Contract, Edit, Fault, Writes, check_tables
 from .contracts import (ContractError, check_bytes, check_close, check_int_list, check_logits_close,
                         check_own_function, check_tensor,
                         first_divergence)
@@ -45,7 +47,11 @@ def _diagnose(err: ContractError, got: torch.Tensor, variants: dict[str, Callabl
     return err
 
 
-def _interleaved_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+def interleaved_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """RoPE with interleaved pairs (x_0, x_1), (x_2, x_3), ... (the GPT-J / original RoFormer
+    layout) instead of the split-half pairs the course's models use: the fault a learner makes by
+    following the paper's notation with Llama weights (docs/kv_cache.md#split-half-pairing).
+    x (B, H, T, D) float32; positions (T,) or (B, T) int64; returns x's shape and dtype."""
     D = x.shape[-1]
     omega = 1.0 / theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
     ang = positions.to(torch.float32)[..., None] * omega
@@ -108,7 +114,7 @@ def check_apply_rope(fn: Callable, seed: int = 0, cases: int = 4) -> None:
                 "rotary position off by one (rotated by position + 1)": lambda: apply_rope(x, positions + 1, theta),
                 "rotary position off by one (rotated by position - 1)": lambda: apply_rope(x, positions - 1, theta),
                 "interleaved pairs (2i, 2i+1) instead of split-half pairs (i, i + D/2)":
-                    lambda: _interleaved_rope(x, positions, theta),
+                    lambda: interleaved_rope(x, positions, theta),
                 "rotation in the wrong direction (sign of sin flipped)": lambda: apply_rope(x, -positions, theta),
             }, atol=1e-2) from None
 
@@ -463,3 +469,62 @@ def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: in
                                 f"ref counts {sorted(c for c in pool.ref_counts if c)}; the reference uses "
                                 f"{ref_pool.num_blocks - ref_pool.num_free} with {sorted(c for c in ref_pool.ref_counts if c)}"
                                 " (a leaked block, a missing decref, or a needless copy)")
+
+
+# -- the lab's declared tables (see tables.py) -------------------------------------------------
+_TOY = {"toy": ("course_lib.models.decoder", "toy_decoder", {"seed": 0})}  # what the set-up cell builds
+
+CONTRACTS = (
+    Contract("test_apply_rope", check_apply_rope, ("apply_rope",)),
+    Contract("test_attend_with_cache", check_attention_step, ("attend_with_cache",),
+             writes=Writes(args=(3, 4))),                                          # k_cache, v_cache
+    Contract("test_generate_with_cache", check_generation, ("generate_with_cache",), objects=_TOY),
+    Contract("test_kv_cache_bytes", check_kv_cache_bytes, ("kv_cache_bytes", "measured_kv_bytes")),
+    Contract("test_first_divergence", check_first_divergence, ("first_divergence",)),
+    Contract("test_score_suffixes", check_suffix_scores, ("score_suffixes",), objects=_TOY),
+    Contract("test_paged", check_paged, ("paged_append", "paged_read"),
+             writes=Writes(types=(BlockPool, PagedSequence))),                      # pool, seq
+)
+
+_NEXT_POSITION = "position = torch.tensor([cache.length])"
+FAULTS = (
+    Fault("rope_off_by_one",
+          (Edit("generate_with_cache", _NEXT_POSITION, "position = torch.tensor([cache.length + 1])"),),
+          {"test_generate_with_cache": "rotary position off by one"},
+          "feeds each new token the position after its own"),
+    Fault("frozen_position",
+          (Edit("generate_with_cache", _NEXT_POSITION, "position = torch.tensor([prompt.numel()])"),),
+          {"test_generate_with_cache": "frozen position"},
+          "gives every generated token the same position"),
+    Fault("position_reset",
+          (Edit("generate_with_cache", _NEXT_POSITION,
+                "position = torch.arange(1)                        # positions restart at 0 on every append"),),
+          {"test_generate_with_cache": "position reset to 0"},
+          "restarts positions at 0 on every append"),
+    Fault("kv_repeat_misaligned",
+          (Edit("attend_with_cache",
+                "k = k_cache[:, :, :start + T].repeat_interleave(group, dim=1)\n"
+                "    v = v_cache[:, :, :start + T].repeat_interleave(group, dim=1)",
+                "k = k_cache[:, :, :start + T].repeat(1, group, 1, 1)\n"
+                "    v = v_cache[:, :, :start + T].repeat(1, group, 1, 1)"),),
+          {"test_attend_with_cache": "KV-head repeat misaligned"},
+          "repeats KV heads round-robin (repeat) instead of in groups (repeat_interleave)"),
+    Fault("cache_never_cropped",
+          (Edit("score_suffixes", "max_len=P + max(s.numel() for s in suffixes)",
+                "max_len=P + sum(s.numel() for s in suffixes)"),
+           Edit("score_suffixes", "        cache.crop(P)                                       # forget the previous branch\n",
+                "")),
+          {"test_score_suffixes": "never cropped"},
+          "scores each suffix on top of the previous one (the cache is never cropped back to the prefix)"),
+    Fault("no_copy_on_write",
+          (Edit("paged",
+                "        elif pool.ref_counts[seq.block_table[-1]] > 1:      # shared and partially filled: copy on write\n"
+                "            old, new = seq.block_table[-1], pool.allocate()\n"
+                "            pool.k[new, :offset] = pool.k[old, :offset]\n"
+                "            pool.v[new, :offset] = pool.v[old, :offset]\n"
+                "            pool.decref(old)\n"
+                "            seq.block_table[-1] = new\n", ""),),
+          {"test_paged": "copy-on-write"},
+          "writes into a block another sequence shares instead of copying it first"),
+)
+check_tables(CONTRACTS, FAULTS)

@@ -1,0 +1,85 @@
+"""Each lab's declared tables (course_lib.grading.labNN.CONTRACTS and FAULTS) against its solution
+notebook: the solution passes every contract; each fault, injected by its edits into the solution
+cells, fails exactly the tests it lists, each with its symptom named; the notebook's graded cells
+call the declared checkers on the declared functions. A fault added to a table is tested here
+with no other change."""
+import importlib
+
+import pytest
+
+import solutions
+from course_grader import judge
+from course_lib.grading import ContractError
+
+LABS = {"01_roofline": "lab01", "02_kv_cache": "lab02", "03_scheduling": "lab03"}
+SEEDS = (0, 1, 2)
+
+
+def tables(lab):
+    module = importlib.import_module(f"course_lib.grading.{LABS[lab]}")
+    if not hasattr(module, "CONTRACTS"):
+        pytest.skip(f"{LABS[lab]} declares no tables yet")
+    return module
+
+
+def _run(contract, namespace, seed):
+    contract.checker(*(namespace[name] for name in contract.functions), seed=seed)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("lab", LABS)
+def test_the_solution_meets_every_contract(lab, seed):
+    module = tables(lab)
+    namespace = solutions.solution_namespace(lab)
+    for contract in module.CONTRACTS:
+        _run(contract, namespace, seed)
+
+
+FAULT_CASES = [(lab, fault.name) for lab, name in LABS.items()
+               for fault in getattr(importlib.import_module(f"course_lib.grading.{name}"), "FAULTS", ())]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("lab, fault", FAULT_CASES)
+def test_each_fault_fails_exactly_its_tests_with_the_symptom(lab, fault, seed):
+    module = tables(lab)
+    declared = next(f for f in module.FAULTS if f.name == fault)
+    namespace = solutions.solution_namespace(lab, declared.edits)
+    for contract in module.CONTRACTS:
+        if contract.test in declared.fails:
+            with pytest.raises(ContractError, match=declared.fails[contract.test]):
+                _run(contract, namespace, seed)
+        else:
+            _run(contract, namespace, seed)
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_the_notebook_calls_the_declared_checkers(lab):
+    """Every graded cell that calls a checker has a contract, and calls only that contract's checker
+    on that contract's functions; every contract has its graded cell."""
+    module = tables(lab)
+    contracts = {c.test: c for c in module.CONTRACTS}
+    points = solutions.test_points(lab)
+    assert set(contracts) <= set(points), f"contracts without a graded cell: {set(contracts) - set(points)}"
+    for cell in solutions.notebook(lab).cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if not meta.get("grade") or meta.get("solution"):
+            continue
+        calls, _ = judge.parse_test_cell(cell.source)
+        if not calls:
+            assert meta["grade_id"] not in contracts
+            continue
+        contract = contracts[meta["grade_id"]]
+        for call in calls:
+            assert (call.module, call.checker) == (LABS[lab], contract.checker.__name__), meta["grade_id"]
+            assert tuple(call.functions) == contract.functions, meta["grade_id"]
+            for value in call.kwargs.values():
+                if isinstance(value, judge.KernelName):
+                    assert value.name in contract.objects, (meta["grade_id"], value.name)
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_fault_edits_apply_to_the_solution(lab):
+    module = tables(lab)
+    for fault in module.FAULTS:
+        solutions.solution_namespace(lab, fault.edits)   # each edit matches exactly once and runs
