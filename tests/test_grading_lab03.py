@@ -1,74 +1,70 @@
-"""Lab 3 checkers: correct functions pass on many seeds; each injected fault of the lab fails
-its check on every seed with a message that names the symptom; rigged results are refused."""
-import inspect
+"""Lab 3 checkers beyond what tests/test_lab_tables.py runs (the solution and every fault of
+lab03.FAULTS on a few seeds): the table's faults on more seeds, further faults the checkers name,
+the fault variants of the reference rules, and rigged or malformed results refused."""
+import random
 
-import numpy as np
 import pytest
 
 from course_lib import scheduling
 from course_lib.grading import ContractError, lab03
+from course_lib.grading.tables import Edit
 
-import lab03_reference as ref
+import solutions
 
+LAB = "03_scheduling"
+ref = solutions.solution_functions(LAB)
 SEEDS = [0, 1, 2, 3, 12345, 2**31 - 1]
+CHECKS = {c.test: c for c in lab03.CONTRACTS}
 
 
-def _patched(fn, old, new):
-    """The reference function with one source edit (as the lab's fault samples are made)."""
-    source = inspect.getsource(fn)
-    assert source.count(old) == 1, (old, source)
-    namespace = dict(vars(ref))
-    exec(source.replace(old, new), namespace)
-    return namespace[fn.__name__]
+def _patched(name, old, new):
+    """The solution function ``name`` with one source edit (as the lab's fault samples are made)."""
+    return getattr(solutions.solution_functions(LAB, (Edit(name, old, new),)), name)
 
 
-FAULTS = {
-    "sum not max": (lab03.check_iteration_time, ref.iteration_time,
-                    "return max(memory_s, compute_s)", "return memory_s + compute_s", "added instead of taking the max"),
-    "no k*c": (lab03.check_iteration_time, ref.iteration_time,
-               "sum(k * c + k * (k + 1) // 2", "sum(k * (k + 1) // 2", "without the k\\*c term"),
-    "evict oldest": (lab03.check_schedule_step, ref.schedule_step,
-                     "evicted.append(live[-1])", "evicted.append(live[0])", "oldest running request evicted"),
-    "forget generated": (lab03.check_schedule_step, ref.schedule_step,
-                         "cost = prompt + generated", "cost = prompt", "forgetting the tokens it had already generated"),
-    "tpot / n_out": (lab03.check_serving_metrics, ref.serving_metrics,
-                     "/ (r.output - 1) for r in records if r.output > 1]", "/ r.output for r in records if r.output > 1]",
-                     "TPOT divided by n_out"),
-    "p99 of per-request p99s": (lab03.check_serving_metrics, ref.serving_metrics,
-                                '"itl99": float(np.quantile(itl, 0.99))',
-                                '"itl99": float(np.mean([np.quantile(g, 0.99) for g in gaps if len(g)]))',
-                                "mean of per-request p99s"),
-    "goodput strict <": (lab03.check_serving_metrics, ref.serving_metrics,
-                         "t <= targets[0] and (len(g) == 0 or g.max() <= targets[1])",
+# faults the checkers name that have no sample submission: (function, find, replace, symptom)
+MORE_FAULTS = {
+    "chunk bytes missing": ("iteration_time", "context = sum(decodes) + sum(c for k, c in chunks)",
+                            "context = sum(decodes)", "cached positions left out of the bytes"),
+    "goodput strict <": ("serving_metrics", "t <= targets[0] and (len(g) == 0 or g.max() <= targets[1])",
                          "t < targets[0] and (len(g) == 0 or g.max() < targets[1])", "strict < instead of <="),
-    "chunk bytes missing": (lab03.check_iteration_time, ref.iteration_time,
-                            "context = sum(decodes) + sum(c for k, c in chunks)", "context = sum(decodes)",
-                            "cached positions left out of the bytes"),
-    "admission against all memory": (lab03.check_schedule_step, ref.schedule_step,
-                                     "> 0.99 * device.memory", "> device.memory", "instead of 0.99"),
-    "evict at exactly full": (lab03.check_schedule_step, ref.schedule_step,
-                              "* device.kv > device.memory:", "* device.kv >= device.memory:",
+    "admission against all memory": ("schedule_step", "> 0.99 * device.memory", "> device.memory",
+                                     "instead of 0.99"),
+    "evict at exactly full": ("schedule_step", "* device.kv > device.memory:", "* device.kv >= device.memory:",
                               "exactly fill memory"),
 }
+_CHECKER = {"iteration_time": lab03.check_iteration_time, "schedule_step": lab03.check_schedule_step,
+            "serving_metrics": lab03.check_serving_metrics, "find_capacity": lab03.check_find_capacity}
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_correct_functions_pass(seed):
+def test_the_solution_passes(seed):
     lab03.check_iteration_time(ref.iteration_time, seed)
     lab03.check_schedule_step(ref.schedule_step, seed)
     lab03.check_serving_metrics(ref.serving_metrics, seed)
     lab03.check_find_capacity(ref.find_capacity, seed)
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("fault", [f.name for f in lab03.FAULTS])
 @pytest.mark.parametrize("seed", SEEDS)
-def test_each_fault_fails_with_its_symptom(fault, seed):
-    check, fn, old, new, symptom = FAULTS[fault]
+def test_each_table_fault_fails_with_its_symptom(fault, seed):
+    declared = next(f for f in lab03.FAULTS if f.name == fault)
+    namespace = solutions.solution_namespace(LAB, declared.edits)
+    for test, symptom in declared.fails.items():
+        contract = CHECKS[test]
+        with pytest.raises(ContractError, match=symptom):
+            contract.checker(*(namespace[name] for name in contract.functions), seed=seed)
+
+
+@pytest.mark.parametrize("fault", MORE_FAULTS)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_more_faults_fail_with_their_symptom(fault, seed):
+    name, old, new, symptom = MORE_FAULTS[fault]
     with pytest.raises(ContractError, match=symptom):
-        check(_patched(fn, old, new), seed)
+        _CHECKER[name](_patched(name, old, new), seed)
 
 
-def test_spec_figures_of_the_reference_learner():
+def test_reference_figures_of_the_solution():
     d = scheduling.Device()
     assert round(ref.iteration_time([], [(4000, 0)], d), 3) == 0.923
     assert round(ref.iteration_time([5000] * 18, [], d) * 1e3, 2) == 18.77
@@ -78,6 +74,15 @@ def test_spec_figures_of_the_reference_learner():
     assert round(ref.iteration_time([5000] * 17, [(128, 2000)], d) * 1e3, 2) == 33.88
 
 
+def test_the_solution_step_drives_the_simulator_to_the_figures():
+    """The notebook's schedule_step, driving the per-iteration loop, gives the library's run."""
+    reqs = scheduling.make_workload(0.30, count=60)
+    mine = scheduling.run_with_step(reqs, step=ref.schedule_step)
+    fast = scheduling.run_trace(reqs, "chunked")
+    assert [r.preemptions for r in mine] == [r.preemptions for r in fast]
+    assert all((a.token_times == b.token_times).all() for a, b in zip(mine, fast))
+
+
 @pytest.mark.parametrize("flags, symptom", [
     (dict(keep_upper=True), "upper bound returned"),
     (dict(ttft_only=True), "only the TTFT target"),
@@ -85,7 +90,7 @@ def test_spec_figures_of_the_reference_learner():
 ])
 def test_capacity_faults_are_named(flags, symptom):
     def search(run, targets=(3.0, 0.1), lo=0.01, hi=4.0, steps=10):
-        return lab03._bisect(run, targets, lo, hi, steps, **flags)
+        return lab03.variant_bisect(run, targets, lo, hi, steps, **flags)
     with pytest.raises(ContractError, match=symptom):
         lab03.check_find_capacity(search, seed=0)
 
@@ -125,7 +130,7 @@ def test_an_equivalent_midpoint_and_plain_lists_are_accepted():
 
     with pytest.raises(ContractError, match="probe \\d+ was"):  # two calls per step: the probes differ
         lab03.check_find_capacity(search, seed=0)
-    once = _patched(ref.find_capacity, "mid = (lo + hi) / 2", "mid = lo + (hi - lo) / 2")
+    once = _patched("find_capacity", "mid = (lo + hi) / 2", "mid = lo + (hi - lo) / 2")
     for seed in SEEDS:
         lab03.check_find_capacity(once, seed)
         lab03.check_schedule_step(as_lists, seed)
@@ -133,6 +138,26 @@ def test_an_equivalent_midpoint_and_plain_lists_are_accepted():
 
 def test_a_faulty_step_also_fails_inside_a_simulation():
     """The run-level check catches a step fault even where the single-step cases are skipped."""
-    faulty = _patched(ref.schedule_step, "evicted.append(live[-1])", "evicted.append(live[0])")
+    faulty = _patched("schedule_step", "evicted.append(live[-1])", "evicted.append(live[0])")
     with pytest.raises(ContractError, match="simulation|refused"):
-        lab03._check_step_in_a_run(faulty, __import__("random").Random(0))
+        lab03.check_step_in_a_run(faulty, random.Random(0))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_step_variant_without_a_fault_is_the_reference_step(seed):
+    def step(running, queue, device, budget=256, max_running=256):
+        return lab03.variant_step(running, queue, device, budget, max_running)
+    lab03.check_schedule_step(step, seed, cases=24)
+
+
+@pytest.mark.parametrize("flags, symptom", [
+    (dict(free_decodes=True), "one-position chunk left out of the budget"),
+    (dict(decodes_apart=True), "separate decodes outside the budget"),
+])
+def test_decodes_handled_apart_from_the_budget_are_named(flags, symptom):
+    """A learner who keeps decodes out of the position budget (as chunks or as StepPlan.decodes)."""
+    def step(running, queue, device, budget=256, max_running=256):
+        return lab03.variant_step(running, queue, device, budget, max_running, **flags)
+    for seed in SEEDS:
+        with pytest.raises(ContractError, match=symptom):
+            lab03.check_schedule_step(step, seed, trace=False)

@@ -3,19 +3,22 @@
 Each ``check_*`` takes the learner's *function*, builds its own inputs from a seed (fixed for
 the visible checks, ``fresh_seed()`` for hidden tests), and compares the result with
 ``course_lib.scheduling`` (the reference cost model, scheduling step, metrics and capacity
-search, themselves tested against the spec's figures and hand-derived traces):
+search, themselves tested against the reference figures of ``docs/scheduling.md`` and
+hand-derived traces):
 
 - times and metrics: real numbers within a relative 1e-9 of the reference (float rounding
   only: the formulas are exact);
 - scheduling decisions: exactly the reference's plan (which requests are admitted, which
-  are evicted, which decode, and each chunk's size);
+  are evicted, and each chunk's size, a decode being a one-position chunk);
 - the capacity search: the reference's sequence of probed rates and its result (to 1e-12).
 
 When a contract fails, the checker evaluates the known faults of Lab 3 on the same inputs
 (memory and compute time summed instead of the max; a chunk charged only its own tokens in
 attention, without k*c; the oldest request evicted instead of the newest; a preempted
-request re-prefilling only its prompt; TPOT divided by n_out; p99 ITL as the mean of
-per-request p99s; ...) and names those the learner's result equals.
+request re-prefilling only its prompt; decodes left out of the position budget; TPOT divided
+by n_out; p99 ITL as the mean of per-request p99s; ...) and names those the learner's result
+equals. ``variant_step`` and ``variant_bisect`` are the reference rules with one fault
+switched on.
 
 Learner signatures:
     iteration_time(decodes, chunks, device) -> float seconds
@@ -27,18 +30,18 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import replace
 from typing import Callable
 
 import numpy as np
 
 from .. import scheduling as ref
 from ..scheduling import Device, Request, RequestRecord, StepPlan
-from ..scheduling.cost import _max_tokens
 from .contracts import ContractError, check_own_function, check_real
+from .tables import Contract, Edit, Fault, check_tables
 
-__all__ = ["check_iteration_time", "check_schedule_step", "check_serving_metrics", "check_find_capacity",
-           "tiny_device", "METRIC_NAMES", "RELATIVE"]
+__all__ = ["check_iteration_time", "check_schedule_step", "check_step_in_a_run", "check_serving_metrics",
+           "check_find_capacity", "normalise_plan", "variant_step", "variant_bisect", "tiny_device", "METRIC_NAMES",
+           "RELATIVE", "CONTRACTS", "FAULTS"]
 
 #: Relative tolerance of the time and metric contracts (float rounding of exact formulas).
 RELATIVE = 1e-9
@@ -110,21 +113,23 @@ def _time_variants(decodes, chunks, d: Device) -> dict[str, float]:
 
 
 def check_iteration_time(fn: Callable, seed: int = 0, cases: int = 6) -> None:
-    """Contract: fn(decodes, chunks, device) equals the spec's cost model (COURSE_SPEC "Lab 3")
+    """Contract: fn(decodes, chunks, device) equals the cost model of ``docs/scheduling.md#cost-model``
     within a relative 1e-9: max((weights + kv*(sum c_dec + sum c_chunk)) / bandwidth,
     (2*N_matmul*positions + 4*L*d*attention) / compute) with attention = sum c_dec +
-    sum(k*c + k(k+1)/2). Case 0 is the spec's 17 decodes at 5,000 plus a 512-token chunk after
-    2,000 cached positions (123.36 ms, compute-bound); case 1 is memory-bound with a short chunk
-    on a long cached context; the rest are drawn from the seed."""
+    sum(k*c + k(k+1)/2). Case 0 is the reference figure of 17 decodes at 5,000 plus a 512-token
+    chunk after 2,000 cached positions (123.36 ms, compute-bound); case 1 is memory-bound with
+    short chunks, one-position ones included, on long cached contexts; the rest are drawn from
+    the seed."""
     check_own_function("iteration_time", fn)
     rng = random.Random(seed)
     for case in range(cases):
         if case == 0:
             device, decodes, chunks = Device(), [5000] * 17, [(512, 2000)]
-        elif case == 1:  # memory-bound, with a chunk on a long cached context: its bytes matter
+        elif case == 1:  # memory-bound, with chunks on long cached contexts: their bytes matter
             device = Device()
             decodes = [rng.randint(3000, 6000) for _ in range(rng.randint(4, 12))]
-            chunks = [(rng.randint(1, 8), rng.randint(4000, 8000))]
+            chunks = [(rng.randint(1, 8), rng.randint(4000, 8000))] + [
+                (1, rng.randint(3000, 6000)) for _ in range(rng.randint(1, 4))]   # decodes of a continuous batch
         else:
             device = rng.choice(list(ref.PROFILES.values())).device if case % 2 else tiny_device(
                 rng.randint(100, 10_000), bandwidth=float(rng.randint(100, 5000)), compute=float(rng.randint(1000, 10**5)),
@@ -144,47 +149,40 @@ def check_iteration_time(fn: Callable, seed: int = 0, cases: int = 6) -> None:
 
 
 # -- exercise 2: the chunked policy's scheduling step ------------------------------------------
-def _variant_step(running, queue, device: Device, budget, max_running, *, evict_newest: bool = True,
-                  count_generated: bool = True, admit_fraction: float = ref.ADMIT_FRACTION,
-                  share_budget: bool = True, evict_at_full: bool = False) -> StepPlan | None:
-    """The scheduling step with one fault switched on (None when this variant raises)."""
-    seqs = list(running)
-    used = sum(f for f, _ in seqs)
-    limit = _max_tokens(admit_fraction * device.memory, device.kv)
-    admitted = 0
-    while admitted < len(queue) and len(seqs) < max_running:
-        prompt, generated = queue[admitted]
-        cost = prompt + (generated if count_generated else 0)
-        if used + cost > limit:
-            break
-        used += cost
-        seqs.append((0, cost))
-        admitted += 1
-    if not seqs:
-        return None
-    capacity = device.kv_tokens
+def variant_step(running, queue, device: Device, budget, max_running, *, evict_newest: bool = True,
+                 count_generated: bool = True, admit_fraction: float = ref.ADMIT_FRACTION,
+                 share_budget: bool = True, evict_at_full: bool = False,
+                 free_decodes: bool = False, decodes_apart: bool = False) -> StepPlan | None:
+    """``scheduling.chunked_step`` with one known fault switched on (None when the variant has
+    nothing left to run). The rules are the library's (``scheduling.admit``,
+    ``scheduling.plan_chunks``); each flag changes one of them:
+
+    evict_newest=False: evict the oldest; count_generated=False: a re-prefill of the prompt
+    only; admit_fraction: admission against another fraction of memory; share_budget=False:
+    every request gets up to the whole budget; evict_at_full: evict when the growth would
+    exactly fill memory; free_decodes: one-position chunks (decodes) take no budget;
+    decodes_apart: decodes listed in ``StepPlan.decodes`` and taking no budget (the decode
+    term of static batching carried over)."""
+    required = [prompt + (generated if count_generated else 0) for prompt, generated in queue]
+    limit = ref.max_tokens(admit_fraction * device.memory, device.kv)
+    admitted = ref.admit(sum(f for f, _ in running), required, limit=limit, room=max_running - len(running))
+    table = list(running) + [(0, cost) for cost in required[:admitted]]
+    live = list(range(len(table)))
     evicted: list[int] = []
-    while True:
-        live = [i for i in range(len(seqs)) if i not in evicted]
-        if not live:
-            return None
-        left = budget
-        decodes, chunks = [], []
-        for i in live:
-            filled, target = seqs[i]
-            if filled < target:
-                k = target - filled if left is None else min(target - filled, left)
-                if k > 0:
-                    chunks.append((i, k))
-                    if left is not None and share_budget:
-                        left -= k
-            else:
-                decodes.append(i)
-        total = sum(seqs[i][0] for i in live) + len(decodes) + sum(k for _, k in chunks)
-        if total > capacity or (evict_at_full and total == capacity):
-            evicted.append(live[-1] if evict_newest else live[0])
+    while live:
+        decodes = [i for i in live if (free_decodes or decodes_apart) and table[i][1] - table[i][0] == 1]
+        planned = [i for i in live if i not in decodes]
+        remaining = [table[i][1] - table[i][0] for i in planned]
+        sizes = (ref.plan_chunks(remaining, budget) if share_budget
+                 else [k for need in remaining for k in ref.plan_chunks([need], budget)])
+        chunks = sorted([(i, k) for i, k in zip(planned, sizes) if k > 0]
+                        + ([] if decodes_apart else [(i, 1) for i in decodes]))
+        total = sum(table[i][0] for i in live) + len(decodes) * decodes_apart + sum(k for _, k in chunks)
+        if total > device.kv_tokens or (evict_at_full and total == device.kv_tokens):
+            evicted.append(live.pop() if evict_newest else live.pop(0))
             continue
-        return StepPlan(admitted, tuple(sorted(evicted)), tuple(decodes), tuple(chunks))
+        return StepPlan(admitted, tuple(sorted(evicted)), tuple(decodes) if decodes_apart else (), tuple(chunks))
+    return None
 
 
 _STEP_FAULTS = {
@@ -192,28 +190,28 @@ _STEP_FAULTS = {
     "a preempted request re-prefills only its prompt, forgetting the tokens it had already generated "
     "(cost and prefill target must be prompt + generated)": dict(count_generated=False),
     "admission checked against all of memory instead of 0.99 of it": dict(admit_fraction=1.0),
-    "every chunk gets up to the full budget (the 256 new prefill positions are per iteration, shared "
+    "every chunk gets up to the full budget (the 256 positions are per iteration, shared "
     "in admission order)": dict(share_budget=False),
     "eviction when the growth would exactly fill memory (evict only when it would exceed it: > not >=)":
         dict(evict_at_full=True),
+    "a decoding request's one-position chunk left out of the budget (every position an iteration "
+    "processes counts against it, decodes included, walked in admission order)": dict(free_decodes=True),
+    "decoding requests planned as separate decodes outside the budget (StepPlan.decodes) instead of "
+    "one-position chunks (index, 1) that take one position of it each": dict(decodes_apart=True),
 }
 
 #: Case kinds of check_schedule_step: each forces a situation where one fault changes the plan.
 _STEP_KINDS = {"preempt": dict(evict_newest=False), "generated": dict(count_generated=False),
-               "admit": dict(admit_fraction=1.0), "boundary": dict(evict_at_full=True)}
+               "admit": dict(admit_fraction=1.0), "boundary": dict(evict_at_full=True),
+               "decodes": dict(free_decodes=True)}
 
 
-def _normalise_plan(what: str, plan) -> StepPlan:
+def normalise_plan(what: str, plan) -> StepPlan:
     """A learner's plan as a canonical StepPlan (``scheduling.as_plan``), type errors as ContractError."""
     try:
         return ref.as_plan(plan)
     except TypeError as exc:
         raise ContractError(f"{what}: {exc}") from None
-
-
-def _canonical(plan: StepPlan) -> StepPlan:
-    return StepPlan(plan.admitted, tuple(sorted(plan.preempted)), tuple(sorted(plan.decodes)),
-                    tuple(sorted(plan.chunks)))
 
 
 def _draw_step_case(rng: random.Random, kind: str):
@@ -222,10 +220,13 @@ def _draw_step_case(rng: random.Random, kind: str):
         memory = rng.randint(150, 1500)
         device = tiny_device(memory)
         running = []
-        for _ in range(rng.randint(0, 6)):
-            target = rng.randint(1, memory // 4)
-            filled = rng.randint(0, target - 1) if rng.random() < 0.4 else target + rng.randint(0, memory // 8)
-            running.append((filled, target))
+        for _ in range(rng.randint(0, 8)):
+            if rng.random() < 0.4:   # a prefill (or re-prefill) under way
+                target = rng.randint(1, memory // 4)
+                running.append((rng.randint(0, target - 1), target))
+            else:                    # decoding: one position short of its target (its newest token)
+                filled = rng.randint(1, memory // 4 + memory // 8)
+                running.append((filled, filled + 1))
         queue = [(rng.randint(1, memory // 3), rng.choice([0, 0, rng.randint(1, memory // 10)]))
                  for _ in range(rng.randint(0, 4))]
         budget = rng.choice([None, 8, 32, 256])
@@ -241,45 +242,47 @@ def _draw_step_case(rng: random.Random, kind: str):
             continue
         if kind == "generated" and not any(g for _, g in queue[:plan.admitted + 1]):
             continue
-        if kind in _STEP_KINDS and _variant_step(*args, **_STEP_KINDS[kind]) in (None, _canonical(plan)):
+        if kind in _STEP_KINDS and variant_step(*args, **_STEP_KINDS[kind]) in (None, plan):
             continue
         return args, plan
 
 
 def check_schedule_step(fn: Callable, seed: int = 0, cases: int = 8, trace: bool = True) -> None:
     """Contract: fn(running, queue, device, budget, max_running) returns the same plan as the
-    reference chunked step (``course_lib.scheduling.chunked_step``): FIFO admission while fewer
-    than max_running run and used + prompt + generated <= 0.99 * memory (in positions at kv bytes
-    each); chunks of min(remaining, budget left) in admission order, a chunk of 0 skipped; and,
-    while contexts + this iteration's growth exceed memory, eviction of the most recently
-    admitted request. The first cases force situations where a known fault changes the plan: a
-    preemption, a re-prefill of generated tokens, the 0.99 admission limit, and growth that would
-    exactly fill memory (allowed: evict only when it would exceed it).
-    With ``trace`` the function also drives a small simulation (``run_with_step``) that must
-    give the reference's token timestamps."""
+    reference chunked step (``course_lib.scheduling.chunked_step``; ``docs/scheduling.md#admission``
+    and the two sections after it): FIFO admission while fewer than max_running run and used +
+    prompt + generated <= 0.99 * memory (in positions at kv bytes each); then, walking the running
+    requests in admission order, a chunk of min(target - filled, budget left) each (a decoding
+    request has 1 left and takes one position of the budget; a chunk of 0 is skipped); and, while
+    contexts + this iteration's growth exceed memory, eviction of the most recently admitted
+    request. The first cases force situations where a known fault changes the plan: a preemption,
+    a re-prefill of generated tokens, the 0.99 admission limit, growth that would exactly fill
+    memory (allowed: evict only when it would exceed it) and decodes competing with a prefill for
+    the budget. With ``trace`` the function also drives a small simulation (``run_with_step``)
+    that must give the reference's token timestamps."""
     check_own_function("schedule_step", fn)
     rng = random.Random(seed)
     for case in range(cases):
         kinds = list(_STEP_KINDS)
-        (running, queue, device, budget, max_running), plan = _draw_step_case(
+        (running, queue, device, budget, max_running), expected = _draw_step_case(
             rng, kinds[case] if case < len(kinds) else "any")
         what = (f"schedule_step(case {case}: running {running}, queue {queue}, memory {device.memory:g} "
                 f"positions, budget {budget}, max_running {max_running})")
-        got = _normalise_plan(what, fn([tuple(r) for r in running], [tuple(q) for q in queue], device,
-                                       budget=budget, max_running=max_running))
-        expected = _canonical(plan)
+        got = normalise_plan(what, fn([tuple(r) for r in running], [tuple(q) for q in queue], device,
+                                      budget=budget, max_running=max_running))
         if got == expected:
             continue
         err = f"{what}:\n  expected {expected}\n  got      {got}"
         args = (running, queue, device, budget, max_running)
         raise _named(err, [name for name, flags in _STEP_FAULTS.items()
-                           if _variant_step(*args, **flags) == got])
+                           if variant_step(*args, **flags) == got])
     if trace:
-        _check_step_in_a_run(fn, rng)
+        check_step_in_a_run(fn, rng)
 
 
-def _check_step_in_a_run(fn: Callable, rng: random.Random) -> None:
-    """Drive ``run_with_step`` with fn on a small trace that preempts, against the fast simulator."""
+def check_step_in_a_run(fn: Callable, rng: random.Random) -> None:
+    """Drive ``run_with_step`` with fn on a small trace that preempts (drawn from ``rng``) and
+    compare every token time and preemption count with the reference step's run."""
     for _ in _attempts():
         memory = rng.randint(300, 700)
         requests, t = [], 0.0
@@ -295,10 +298,11 @@ def _check_step_in_a_run(fn: Callable, rng: random.Random) -> None:
             break
 
     def step(running, queue, device, *, budget, max_running):
-        return _normalise_plan("schedule_step (inside a simulation)", fn(running, queue, device, budget=budget,
-                                                                         max_running=max_running))
+        return normalise_plan("schedule_step (inside a simulation)", fn(running, queue, device, budget=budget,
+                                                                        max_running=max_running))
 
-    what = f"a simulation driven by schedule_step ({len(requests)} requests, memory {memory} positions, chunk budget 32)"
+    what = (f"a simulation driven by schedule_step ({len(requests)} requests, memory {memory} positions, "
+            "budget 32 positions per iteration)")
     try:
         got = ref.run_with_step(requests, device, step=step, budget=32)
         expected = ref.run_with_step(requests, device, step=ref.chunked_step, budget=32)
@@ -399,7 +403,10 @@ def check_serving_metrics(fn: Callable, seed: int = 0, cases: int = 3) -> None:
 
 
 # -- exercise 4: the capacity search -----------------------------------------------------------
-def _bisect(run, targets, lo, hi, steps, *, keep_upper=False, strict=False, ttft_only=False, steps_delta=0):
+def variant_bisect(run, targets, lo, hi, steps, *, keep_upper=False, strict=False, ttft_only=False, steps_delta=0):
+    """The capacity bisection (``scheduling.capacity``'s rule on any ``run(rate)``) with one known
+    fault switched on: return the upper bound, strict < at the targets, only the TTFT target, or
+    ``steps_delta`` steps more or fewer. With no flag it is the correct search."""
     for _ in range(steps + steps_delta):
         mid = (lo + hi) / 2
         result = run(mid)
@@ -446,7 +453,7 @@ def _same_search(got: float, probed: list[float], expected: float, want: list[fl
 
 
 def check_find_capacity(fn: Callable, seed: int = 0, cases: int = 4) -> None:
-    """Contract: fn(run, targets, lo, hi, steps) bisects exactly like the spec's search: ``steps``
+    """Contract: fn(run, targets, lo, hi, steps) bisects exactly like ``scheduling.capacity``: ``steps``
     midpoints (lo + hi) / 2, each run once; lo = mid when p99 TTFT <= targets[0] and p99 ITL <=
     targets[1], else hi = mid; returns lo. ``run`` is a synthetic load here; the probed rates and
     the result must equal the reference's to a relative 1e-12 (any rounding of the midpoint)."""
@@ -466,7 +473,7 @@ def check_find_capacity(fn: Callable, seed: int = 0, cases: int = 4) -> None:
         what = f"find_capacity(case {case}: lo {lo!r}, hi {hi!r}, {steps} steps)"
         got = check_real(what, fn(spy, targets, lo, hi, steps))
         want: list[float] = []
-        expected = _bisect(lambda r: (want.append(r), run(r))[1], targets, lo, hi, steps)
+        expected = variant_bisect(lambda r: (want.append(r), run(r))[1], targets, lo, hi, steps)
         if _same_search(got, probed, expected, want):
             continue
         err = f"{what}: expected {expected!r} after probing {len(want)} rates, got {got!r} after {len(probed)}"
@@ -477,8 +484,59 @@ def check_find_capacity(fn: Callable, seed: int = 0, cases: int = 4) -> None:
         matches = []
         for name, flags in _CAPACITY_FAULTS.items():
             trail: list[float] = []
-            result = _bisect(lambda r: (trail.append(r), run(r))[1], targets, lo, hi, steps, **flags)
+            result = variant_bisect(lambda r: (trail.append(r), run(r))[1], targets, lo, hi, steps, **flags)
             if _same_search(got, probed, result, trail):
                 matches.append(name)
         raise _named(err, matches)
 
+
+# -- the lab's declared tables (see tables.py) -------------------------------------------------
+CONTRACTS = (
+    Contract("test_iteration_time", check_iteration_time, ("iteration_time",)),
+    Contract("test_schedule_step", check_schedule_step, ("schedule_step",)),
+    Contract("test_serving_metrics", check_serving_metrics, ("serving_metrics",)),
+    Contract("test_find_capacity", check_find_capacity, ("find_capacity",)),
+)
+
+FAULTS = (
+    Fault("cost_sum_not_max",
+          (Edit("iteration_time", "return max(memory_s, compute_s)", "return memory_s + compute_s"),),
+          {"test_iteration_time": "added instead of taking the max"},
+          "adds the memory and compute times of an iteration instead of taking the larger"),
+    Fault("chunk_attention_without_kc",
+          (Edit("iteration_time", "sum(k * c + k * (k + 1) // 2 for k, c in chunks)",
+                "sum(k * (k + 1) // 2 for k, c in chunks)"),),
+          {"test_iteration_time": r"without the k\*c term"},
+          "charges a chunk's attention among its own new tokens only, not to the cached positions"),
+    Fault("preempt_oldest",
+          (Edit("schedule_step", "evicted.append(live[-1])", "evicted.append(live[0])"),),
+          {"test_schedule_step": "oldest running request evicted"},
+          "evicts the oldest running request instead of the most recently admitted one"),
+    Fault("reprefill_forgets_generated",
+          (Edit("schedule_step", "cost = prompt + generated", "cost = prompt"),),
+          {"test_schedule_step": "forgetting the tokens it had already generated"},
+          "re-admits a preempted request for its prompt only, forgetting the tokens it had generated"),
+    Fault("decodes_outside_the_budget",
+          (Edit("schedule_step",
+                "k = target - filled if left is None else min(target - filled, left)\n"
+                "            if k > 0:\n"
+                "                chunks.append((i, k))\n"
+                "                if left is not None:",
+                "k = target - filled if left is None or target - filled == 1 else min(target - filled, left)\n"
+                "            if k > 0:\n"
+                "                chunks.append((i, k))\n"
+                "                if left is not None and target - filled > 1:"),),
+          {"test_schedule_step": "one-position chunk left out of the budget"},
+          "lets decoding requests' one-position chunks bypass the per-iteration position budget"),
+    Fault("tpot_divides_by_n_out",
+          (Edit("serving_metrics", "/ (r.output - 1) for r in records if r.output > 1]",
+                "/ r.output for r in records if r.output > 1]"),),
+          {"test_serving_metrics": "TPOT divided by n_out"},
+          "divides a request's decode time by n_out instead of its n_out - 1 gaps"),
+    Fault("p99_mean_of_per_request_p99",
+          (Edit("serving_metrics", '"itl99": float(np.quantile(itl, 0.99))',
+                '"itl99": float(np.mean([np.quantile(g, 0.99) for g in gaps if len(g)]))'),),
+          {"test_serving_metrics": "mean of per-request p99s"},
+          "averages per-request p99 gaps instead of pooling every gap"),
+)
+check_tables(CONTRACTS, FAULTS)

@@ -1,26 +1,33 @@
-"""Lab 3: scheduling. An iteration cost model, the seeded workload, a fast serving simulator
+"""Lab 3: scheduling. An iteration cost model, the seeded workload, a serving simulator
 (static, reserve, paged and chunked policies), serving metrics and the SLO capacity search.
 
-Source of every formula and rule: COURSE_SPEC.md "Lab 3: scheduling" and the Lab 3 issue's
-"Exact semantics". ``python -m course_lib.scheduling.bench`` times the full policy sweep and
-the four capacity searches.
+Modules, in reading order: ``cost`` (one iteration's time), ``workload`` (the seeded trace),
+``step`` (one iteration's scheduling rules: admission, chunk planning, preemption),
+``reference`` (the simulator, one loop pass per iteration), ``fast`` (the same simulation,
+bit for bit, from running totals), ``simulator`` (``run_trace``, ``simulate``), ``metrics``,
+``capacity_search``. ``docs/scheduling.md`` gives every formula and rule with its sources.
+``python -m course_lib.scheduling.bench`` times the full policy sweep and the four capacity
+searches.
 """
 from .capacity_search import BISECTION_STEPS, RATE_BOUNDS, capacity, meets_targets
 from .cost import (CASE_D_MODEL, CASE_KV_BYTES, CASE_LAYERS, CASE_N_MATMUL, PROFILES, Device, DeviceProfile,
-                   cost_per_million_tokens, iteration_time)
+                   cost_per_million_tokens, iteration_seconds, iteration_time, max_tokens)
 from .metrics import DEFAULT_TARGETS, METRIC_KEYS, metrics
-from .simulator import POLICIES, resolve_device, run_trace, run_with_step, simulate
+from .reference import POLICIES, resolve_device, run_reference, run_with_step
+from .simulator import run_trace, simulate
 from .step import (ADMIT_FRACTION, CHUNK_BUDGET, MAX_RUNNING, STATIC_BATCH, STATIC_WAIT, RequestTooLargeError,
-                   StepPlan, as_plan, chunked_step)
+                   StepPlan, admit, admit_limit, as_plan, chunked_step, evictions, plan_chunks)
 from .workload import MAX_OUTPUT, Request, RequestRecord, make_workload
 
 __all__ = [
-    "Device", "DeviceProfile", "PROFILES", "iteration_time", "cost_per_million_tokens",
+    "Device", "DeviceProfile", "PROFILES", "iteration_time", "iteration_seconds", "max_tokens",
+    "cost_per_million_tokens",
     "CASE_N_MATMUL", "CASE_LAYERS", "CASE_D_MODEL", "CASE_KV_BYTES",
     "Request", "RequestRecord", "make_workload", "MAX_OUTPUT",
-    "StepPlan", "as_plan", "chunked_step", "RequestTooLargeError",
+    "StepPlan", "as_plan", "chunked_step", "admit", "plan_chunks", "evictions", "admit_limit",
+    "RequestTooLargeError",
     "CHUNK_BUDGET", "MAX_RUNNING", "ADMIT_FRACTION", "STATIC_BATCH", "STATIC_WAIT",
-    "POLICIES", "run_trace", "run_with_step", "simulate", "resolve_device",
+    "POLICIES", "run_trace", "run_reference", "run_with_step", "simulate", "resolve_device",
     "metrics", "METRIC_KEYS", "DEFAULT_TARGETS",
     "capacity", "meets_targets", "BISECTION_STEPS", "RATE_BOUNDS",
 ]

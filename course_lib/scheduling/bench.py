@@ -3,7 +3,7 @@
 Run: ``python -m course_lib.scheduling.bench [--repeats 3] [--warmup 1] [--count 300]``.
 
 The sweep is 4 policies x nominal rates 0.10, 0.20, 0.25, 0.30, 0.35, 0.40 req/s x 300
-requests (COURSE_SPEC "Lab 3"); each capacity search is 10 chunked runs (``capacity``), one
+requests (``docs/scheduling.md``); each capacity search is 10 chunked runs (``capacity``), one
 per device profile of ``PROFILES``. Each part is run ``--warmup`` times, then timed
 ``--repeats`` times with ``time.perf_counter``; the median wall-clock time is printed (a
 *measurement* on this machine's CPU; the simulator is single-threaded Python + numpy). Then
@@ -20,9 +20,10 @@ import time
 from .capacity_search import capacity
 from .cost import PROFILES, cost_per_million_tokens
 from .metrics import METRIC_KEYS
-from .simulator import POLICIES, simulate
+from .reference import POLICIES
+from .simulator import simulate
 
-#: The nominal rates of the spec's sweep (requests/s).
+#: The nominal rates of the lab's sweep (requests/s).
 SWEEP_RATES: tuple[float, ...] = (0.10, 0.20, 0.25, 0.30, 0.35, 0.40)
 
 

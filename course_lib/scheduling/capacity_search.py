@@ -1,4 +1,4 @@
-"""SLO capacity search of course "Lab 3: scheduling" (COURSE_SPEC.md, "Lab 3", "Capacity").
+"""SLO capacity search of Lab 3: scheduling (``docs/scheduling.md``, "Capacity").
 
 The capacity of a device is the largest nominal arrival rate whose chunked-policy run meets
 both p99 targets (TTFT <= 3 s, ITL <= 100 ms). It is found by bisection: 10 steps on
@@ -11,11 +11,12 @@ from __future__ import annotations
 from numbers import Real
 
 from .metrics import DEFAULT_TARGETS
-from .simulator import resolve_device, simulate
+from .reference import resolve_device
+from .simulator import simulate
 
 __all__ = ["capacity", "meets_targets", "BISECTION_STEPS", "RATE_BOUNDS"]
 
-#: Bisection steps and the bracket of nominal rates (requests/s) of the spec.
+#: Bisection steps and the bracket of nominal rates (requests/s) of the lab.
 BISECTION_STEPS: int = 10
 RATE_BOUNDS: tuple[float, float] = (0.01, 4.0)
 

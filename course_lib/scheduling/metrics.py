@@ -1,4 +1,5 @@
-"""Serving metrics of course "Lab 3: scheduling" (COURSE_SPEC.md, "Lab 3").
+"""Serving metrics of Lab 3: scheduling (``docs/scheduling.md#metrics``; goodput as in
+DistServe, arXiv:2401.09670).
 
 From per-request token timestamps:
 - TTFT (time to first token) = first token time - arrival;
@@ -29,7 +30,7 @@ __all__ = ["metrics", "METRIC_KEYS", "DEFAULT_TARGETS"]
 #: The keys of ``metrics`` (and ``simulate``), in table order.
 METRIC_KEYS: tuple[str, ...] = ("ttft50", "ttft99", "itl50", "itl99", "itlmax", "tpot50", "e2e50",
                                 "throughput", "goodput", "preemptions", "realised")
-#: The spec's latency targets: (TTFT seconds, largest inter-token gap seconds).
+#: The lab's latency targets: (TTFT seconds, largest inter-token gap seconds).
 DEFAULT_TARGETS: tuple[float, float] = (3.0, 0.1)
 
 
@@ -42,7 +43,7 @@ def metrics(records: Sequence[RequestRecord], targets: tuple[float, float] = DEF
 
     Args:
         records: one ``RequestRecord`` per request (token_times float64, shape (output,)).
-        targets: (TTFT target, gap target) in seconds for goodput; the spec's (3.0, 0.1).
+        targets: (TTFT target, gap target) in seconds for goodput; the lab's (3.0, 0.1).
 
     Returns:
         dict with ttft50, ttft99, itl50, itl99, itlmax, tpot50, e2e50 (seconds),

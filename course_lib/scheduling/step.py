@@ -1,38 +1,42 @@
-"""One iteration's scheduling decision of the continuous policies (course "Lab 3: scheduling").
+"""One iteration's scheduling decision of the continuous policies (Lab 3: scheduling).
 
-``chunked_step`` is the chunked policy's per-iteration step, written plainly so a reader
-(and the Lab 3 exercise) can follow it top to bottom: FIFO admission against 0.99 of the
-KV budget, a budget of new prefill positions walked in admission order, and preemption of
-the most recently admitted request when the iteration's growth would overflow the budget.
-With ``budget=None`` it is the paged policy's step. The simulator (``simulator.py``) makes
-the same decisions from running totals instead of lists; tests check the two agree.
+The rules, each a small function on plain integers, in the order an iteration applies them
+(``docs/scheduling.md`` states them with the cost model):
 
-Semantics (COURSE_SPEC "Lab 3" and the Lab 3 issue's "Exact semantics"):
-- used = sum of running contexts (cached positions); admit from the queue head while fewer
-  than ``max_running`` run and (used + cost) * kv <= 0.99 * memory, cost = the request's
-  required prefill, prompt + generated (a preempted request re-prefills the tokens it had
-  already generated); used += cost; the admitted request's prefill target is that cost;
-- nothing running after admission: the queue head cannot fit -> ``RequestTooLargeError``;
-- walk running requests in admission order: one with prefill remaining (filled < target)
-  gets a chunk of min(remaining, budget left) (a chunk of 0 is skipped: it waits); any other
-  request decodes one token;
-- if (sum of contexts + this iteration's growth) * kv > memory (all of it, not 0.99),
-  preempt the most recently admitted running request (it frees its cache and returns to the
-  queue head) and plan again; preempting the last running request means it cannot fit
-  -> ``RequestTooLargeError``.
+1. ``admit``: take requests from the queue head, in order, while fewer than ``max_running``
+   run and the cached positions in use plus the newcomer's required prefill fit in 0.99 of
+   the KV budget. A request's required prefill is prompt + tokens it generated before (a
+   preempted request re-prefills what it had generated).
+2. ``plan_chunks``: every running request is below its *target*, re-derived each iteration
+   as prompt + tokens generated so far, and advances by a chunk of min(target - filled,
+   budget left), walked in admission order; a chunk of 0 waits. After its first token a
+   request is one position short of its target (its newest token is not cached yet), so a
+   decode is a one-position chunk that takes one position of the budget. vLLM counts decode
+   tokens against its per-iteration token budget the same way; Sarathi-Serve
+   (arXiv:2403.02310) builds its stall-free batches from this budget.
+3. ``evictions``: while the cached positions plus this iteration's growth would exceed the
+   KV budget (all of it, not 0.99), the most recently admitted request is preempted (it frees
+   its cache and goes back to the queue head) and the plan is made again.
+
+``chunked_step`` applies the three rules to (filled, target) pairs and returns a ``StepPlan``
+(the Lab 3 exercise writes the same function); with ``budget=None`` it is the paged policy's
+step. The readable simulator (``reference.py``) and the Lab 3 checkers use these functions,
+so each rule is written once; the fast simulator (``fast.py``) makes the same decisions from
+running totals and is tested against the readable one bit for bit.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Integral
 from typing import Sequence
 
-from .cost import Device, _max_tokens
+from ..validation import instance, integer
+from .cost import Device, max_tokens
 
-__all__ = ["StepPlan", "as_plan", "chunked_step", "RequestTooLargeError", "CHUNK_BUDGET", "MAX_RUNNING",
-           "ADMIT_FRACTION", "STATIC_BATCH", "STATIC_WAIT"]
+__all__ = ["StepPlan", "as_plan", "chunked_step", "admit", "plan_chunks", "evictions", "admit_limit",
+           "RequestTooLargeError", "CHUNK_BUDGET", "MAX_RUNNING", "ADMIT_FRACTION", "STATIC_BATCH",
+           "STATIC_WAIT"]
 
-#: New prefill positions per iteration for the chunked policy (tokens).
+#: Positions (prefill and decode tokens) one iteration of the chunked policy may process.
 CHUNK_BUDGET: int = 256
 #: Most sequences a continuous policy runs at once.
 MAX_RUNNING: int = 256
@@ -60,9 +64,10 @@ class StepPlan:
             (ascending); they lose their cache and go back to the queue head in their
             admission order. The policy evicts the most recently admitted first, so these
             are the last indices of the list.
-        decodes: indices, into the running list after admission, of the requests that
-            decode one token (ascending: admission order).
-        chunks: (index, k) for each prefill chunk of k >= 1 new positions (admission order).
+        decodes: indices of requests that would decode one token outside the chunk budget.
+            The continuous policies plan none: a decoding request is a one-position chunk
+            ``(index, 1)``, so this is always empty in their plans.
+        chunks: (index, k) for each chunk of k >= 1 new positions (admission order).
         All indices number the list after admission, before eviction (no renumbering).
     """
 
@@ -70,14 +75,6 @@ class StepPlan:
     preempted: tuple[int, ...]
     decodes: tuple[int, ...]
     chunks: tuple[tuple[int, int], ...]
-
-
-def _int(what: str, value) -> int:
-    if type(value) is not int:
-        kind = type(value)
-        hint = " (convert it with int(...))" if kind.__module__ in ("numpy", "torch") else ""
-        raise TypeError(f"{what} must be an int, got {kind.__module__}.{kind.__qualname__} {value!r}{hint}")
-    return value
 
 
 def as_plan(plan) -> StepPlan:
@@ -101,7 +98,7 @@ def as_plan(plan) -> StepPlan:
     def indices(name, value):
         if type(value) not in (tuple, list):
             raise TypeError(f"StepPlan.{name} must be a list or tuple of int indices, got {value!r}")
-        return tuple(sorted(_int(f"StepPlan.{name}[{i}]", x) for i, x in enumerate(value)))
+        return tuple(sorted(integer(f"StepPlan.{name}[{i}]", x, strict=True) for i, x in enumerate(value)))
 
     if type(chunks) not in (tuple, list):
         raise TypeError(f"StepPlan.chunks must be a list of (index, k) pairs, got {chunks!r}")
@@ -109,108 +106,140 @@ def as_plan(plan) -> StepPlan:
     for i, c in enumerate(chunks):
         if type(c) not in (tuple, list) or len(c) != 2:
             raise TypeError(f"StepPlan.chunks[{i}] must be an (index, k) pair, got {c!r}")
-        pairs.append((_int(f"StepPlan.chunks[{i}] index", c[0]), _int(f"StepPlan.chunks[{i}] k", c[1])))
-    return StepPlan(_int("StepPlan.admitted", admitted), indices("preempted", preempted),
+        pairs.append((integer(f"StepPlan.chunks[{i}] index", c[0], strict=True),
+                      integer(f"StepPlan.chunks[{i}] k", c[1], strict=True)))
+    return StepPlan(integer("StepPlan.admitted", admitted, strict=True), indices("preempted", preempted),
                     indices("decodes", decodes), tuple(sorted(pairs)))
 
 
-def _admit_limit(device: Device) -> int:
-    """Largest token count whose bytes fit in ADMIT_FRACTION * memory."""
-    return _max_tokens(ADMIT_FRACTION * device.memory, device.kv)
+def admit_limit(device: Device) -> int:
+    """Most cached positions admission may fill: the largest T with T * kv <= 0.99 * memory."""
+    return max_tokens(ADMIT_FRACTION * device.memory, device.kv)
 
 
-def _tokens(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return int(value)
+# -- the three rules -----------------------------------------------------------------------------
+def admit(used: int, required: Sequence[int], *, limit: int, room: int) -> int:
+    """Rule 1, admission: how many queued requests join, head first (FIFO).
+
+    A request joins while fewer than ``room`` have joined and ``used`` plus its ``required``
+    positions stays <= ``limit``; the first that does not fit stops admission (the head blocks
+    the rest). ``used`` then grows by what joined.
+
+    Args: used: cached positions charged to the running requests; required: positions each
+    queued request is charged, head first; limit: ``admit_limit(device)``; room: free
+    running slots (``max_running`` - running). Returns: the count admitted (ints, positions).
+    """
+    admitted = 0
+    while admitted < len(required) and admitted < room and used + required[admitted] <= limit:
+        used += required[admitted]
+        admitted += 1
+    return admitted
 
 
-def chunked_step(running: Sequence[tuple[int, int]], queue: Sequence[int], device: Device, *,
+def plan_chunks(remaining: Sequence[int], budget: int | None) -> list[int]:
+    """Rule 2, chunk planning: the chunk size of each running request, in admission order.
+
+    Each request gets min(its remaining positions, budget left) and the budget shrinks by it;
+    0 means it waits this iteration. ``remaining`` is target - filled (>= 1) per request, with
+    target = prompt + tokens generated so far, so a decoding request has 1 remaining and takes
+    one position of the budget. ``budget=None`` is unlimited (every request gets all it has
+    left: the paged and reserve policies). Returns one int per request (positions).
+    """
+    sizes = []
+    left = budget
+    for need in remaining:
+        k = need if left is None else min(need, left)
+        sizes.append(k)
+        if left is not None:
+            left -= k
+    return sizes
+
+
+def evictions(filled: Sequence[int], remaining: Sequence[int], *, budget: int | None, capacity: int) -> int:
+    """Rule 3, preemption: how many of the most recently admitted requests must be evicted.
+
+    While the cached positions of the requests kept plus the chunks planned for them exceed
+    ``capacity`` (``device.kv_tokens``: all of memory, not 0.99), the newest kept request is
+    evicted and the plan is made again (``plan_chunks`` on the rest). Returns a count from 0
+    to len(filled); len(filled) means even the oldest cannot run alone (the caller raises
+    ``RequestTooLargeError``). Lists are in admission order.
+    """
+    kept = len(filled)
+    while kept and sum(filled[:kept]) + sum(plan_chunks(remaining[:kept], budget)) > capacity:
+        kept -= 1
+    return len(filled) - kept
+
+
+# -- the step ------------------------------------------------------------------------------------
+def _pairs(name: str, entries, first: str, second: str, minimum: tuple[int, int]) -> list[tuple[int, int]]:
+    if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence):
+        raise TypeError(f"{name} must be a sequence of ({first}, {second}) pairs, got {type(entries).__qualname__}")
+    pairs = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 2:
+            raise TypeError(f"{name}[{i}] must be a ({first}, {second}) pair, got {entry!r}")
+        pairs.append((integer(f"{name}[{i}] {first}", entry[0], minimum=minimum[0]),
+                      integer(f"{name}[{i}] {second}", entry[1], minimum=minimum[1])))
+    return pairs
+
+
+def chunked_step(running: Sequence[tuple[int, int]], queue: Sequence[tuple[int, int]], device: Device, *,
                  budget: int | None = CHUNK_BUDGET, max_running: int = MAX_RUNNING) -> StepPlan:
     """The chunked policy's scheduling step for one iteration (admission, chunk budget, preemption).
 
     Args:
         running: (filled, target) per running request, in admission order: filled = cached
-            positions (its context), target = the prefill length fixed when it was admitted
-            (prompt + tokens generated before). filled < target: prefill remaining;
-            otherwise it is decoding.
+            positions (its context), target = prompt + tokens generated so far (re-derived
+            every iteration), so filled < target: a request whose prefill is under way has
+            target - filled positions left, a decoding one exactly 1 (its newest token).
         queue: (prompt, generated) of each waiting request, head first: its prompt length
             and the tokens it generated before a preemption (0 for a new request). Its
             required prefill is prompt + generated.
         device: a ``Device`` (memory and kv are used).
-        budget: new prefill positions per iteration (``CHUNK_BUDGET`` = 256); None means
-            unlimited (the paged policy).
+        budget: positions one iteration may process (``CHUNK_BUDGET`` = 256), decodes
+            included; None means unlimited (the paged policy).
         max_running: most requests running after admission (256).
 
     Returns:
-        a ``StepPlan``; its chunk sizes and decodes are for the running list after admission
-        and preemption.
+        a ``StepPlan`` whose chunks cover the running list after admission and preemption;
+        its ``decodes`` is empty (a decode is the chunk ``(index, 1)``).
 
     Raises:
         RequestTooLargeError: nothing runs after admission (the queue head does not fit), or
             the last running request had to be preempted (its context outgrows memory).
-        ValueError / TypeError: malformed running entries or queue lengths, running and queue
-            both empty, a budget or max_running < 1.
+        ValueError / TypeError: malformed running entries or queue lengths, a running entry
+            with filled >= target, running and queue both empty, a budget or max_running < 1.
     """
-    if not isinstance(device, Device):
-        raise TypeError(f"device must be a Device, got {type(device).__qualname__}")
+    instance("device", device, Device)
     if budget is not None:
-        budget = _tokens("budget", budget, 1)
-    max_running = _tokens("max_running", max_running, 1)
-    seqs = []
-    for i, entry in enumerate(running):
-        if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 2:
-            raise TypeError(f"running[{i}] must be a (filled, target) pair, got {entry!r}")
-        seqs.append((_tokens(f"running[{i}] filled", entry[0], 0), _tokens(f"running[{i}] target", entry[1], 1)))
-    required = []
-    for i, entry in enumerate(queue):
-        if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 2:
-            raise TypeError(f"queue[{i}] must be a (prompt, generated) pair, got {entry!r}")
-        required.append(_tokens(f"queue[{i}] prompt", entry[0], 1) + _tokens(f"queue[{i}] generated", entry[1], 0))
-    queue = required
-    if not seqs and not queue:
+        budget = integer("budget", budget, minimum=1, note="None for no limit")
+    max_running = integer("max_running", max_running, minimum=1)
+    table = _pairs("running", running, "filled", "target", (0, 1))
+    for i, (filled, target) in enumerate(table):
+        if filled >= target:
+            raise ValueError(f"running[{i}] = ({filled}, {target}): a running request is below its target "
+                             "(prompt + tokens generated so far), so filled must be < target")
+    required = [prompt + generated for prompt, generated in _pairs("queue", queue, "prompt", "generated", (1, 0))]
+    if not table and not required:
         raise ValueError("nothing to schedule: running and queue are both empty")
 
-    # 1. admission: FIFO from the queue head against 0.99 of the KV budget
-    used = sum(filled for filled, _ in seqs)
-    limit = _admit_limit(device)
-    admitted = 0
-    while admitted < len(queue) and len(seqs) < max_running and used + queue[admitted] <= limit:
-        used += queue[admitted]
-        seqs.append((0, queue[admitted]))
-        admitted += 1
-    if not seqs:
+    used = sum(filled for filled, _ in table)
+    limit = admit_limit(device)
+    admitted = admit(used, required, limit=limit, room=max_running - len(table))
+    table += [(0, cost) for cost in required[:admitted]]
+    if not table:
         raise RequestTooLargeError(
-            f"the request at the queue head needs {queue[0]} cached positions ({queue[0] * device.kv:.4g} B) "
+            f"the request at the queue head needs {required[0]} cached positions ({required[0] * device.kv:.4g} B) "
             f"but admission allows {limit} ({ADMIT_FRACTION} * memory = {ADMIT_FRACTION * device.memory:.4g} B) "
             "with nothing else running: it can never be served on this device")
 
-    # 2. plan in admission order; 3. preempt the newest while the growth would overflow memory
-    capacity = device.kv_tokens
-    preempted = 0
-    while True:
-        live = seqs[:len(seqs) - preempted]
-        if not live:
-            filled, target = seqs[0]
-            raise RequestTooLargeError(
-                f"a request running alone at context {filled} (target {target}) would outgrow the KV budget "
-                f"of {capacity} positions ({device.memory:.4g} B): it can never finish on this device")
-        left = budget
-        decodes, chunks = [], []
-        for index, (filled, target) in enumerate(live):
-            if filled < target:
-                k = target - filled if left is None else min(target - filled, left)
-                if k > 0:
-                    chunks.append((index, k))
-                    if left is not None:
-                        left -= k
-            else:
-                decodes.append(index)
-        growth = len(decodes) + sum(k for _, k in chunks)
-        if sum(filled for filled, _ in live) + growth > capacity:
-            preempted += 1
-            continue
-        evicted = tuple(range(len(seqs) - preempted, len(seqs)))
-        return StepPlan(admitted, evicted, tuple(decodes), tuple(chunks))
+    filled = [f for f, _ in table]
+    remaining = [t - f for f, t in table]
+    evicted = evictions(filled, remaining, budget=budget, capacity=device.kv_tokens)
+    kept = len(table) - evicted
+    if kept == 0:
+        raise RequestTooLargeError(
+            f"a request running alone at context {filled[0]} (target {table[0][1]}) would outgrow the KV budget "
+            f"of {device.kv_tokens} positions ({device.memory:.4g} B): it can never finish on this device")
+    chunks = tuple((i, k) for i, k in enumerate(plan_chunks(remaining[:kept], budget)) if k > 0)
+    return StepPlan(admitted, tuple(range(kept, len(table))), (), chunks)

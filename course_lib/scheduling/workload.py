@@ -1,4 +1,4 @@
-"""The seeded open-loop workload of course "Lab 3: scheduling" (COURSE_SPEC.md, "Lab 3").
+"""The seeded open-loop workload of Lab 3: scheduling (``docs/scheduling.md#workload``).
 
 Requests arrive as a Poisson process (exponential gaps at the nominal rate); prompts are
 uniform in [2000, 6000] tokens; output lengths are log-normal around 1,500 tokens, clipped
@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from numbers import Integral, Real
 
 import numpy as np
+
+from ..validation import integer, nonnegative_number, positive_integer, positive_number
 
 __all__ = ["Request", "RequestRecord", "make_workload", "MAX_OUTPUT"]
 
@@ -37,24 +38,16 @@ class Request:
     output: int
 
     def __post_init__(self) -> None:
-        if isinstance(self.arrival, bool) or not isinstance(self.arrival, Real):
-            raise TypeError(f"Request.arrival must be a real number of seconds, got {self.arrival!r}")
-        if not math.isfinite(self.arrival) or self.arrival < 0:
-            raise ValueError(f"Request.arrival must be a finite number >= 0, got {self.arrival!r}")
-        for name, low, high in (("prompt", 1, None), ("output", 1, MAX_OUTPUT)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, Integral):
-                raise TypeError(f"Request.{name} must be an int, got {value!r}")
-            if value < low or (high is not None and value > high):
-                bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
-                raise ValueError(f"Request.{name} must be {bound}, got {value!r}")
+        nonnegative_number("Request.arrival", self.arrival, note="seconds")
+        positive_integer("Request.prompt", self.prompt)
+        integer("Request.output", self.output, minimum=1, maximum=MAX_OUTPUT)
 
 
 def make_workload(rate: float, count: int = 300, seed: int = 0) -> list[Request]:
-    """The spec's workload: ``count`` requests drawn from ``random.Random(seed)``.
+    """The lab's workload: ``count`` requests drawn from ``random.Random(seed)``.
 
     For each request in order: arrival += expovariate(rate); prompt = randint(2000, 6000);
-    output = min(4000, max(16, int(lognormvariate(log(1500), 0.6)))) (COURSE_SPEC "Lab 3").
+    output = min(4000, max(16, int(lognormvariate(log(1500), 0.6)))) (``docs/scheduling.md#workload``).
     At rate 0.20 and count 300 the mean output is 1,737.4 tokens and the realised rate
     (count / last arrival) is 0.224 req/s.
 
@@ -65,14 +58,9 @@ def make_workload(rate: float, count: int = 300, seed: int = 0) -> list[Request]
     Raises: ValueError for a rate that is not positive and finite or count < 1; TypeError
         for a non-int count or seed.
     """
-    if isinstance(rate, bool) or not isinstance(rate, Real) or not math.isfinite(rate) or rate <= 0:
-        raise ValueError(f"rate must be a positive finite number of requests/s, got {rate!r}")
-    if isinstance(count, bool) or not isinstance(count, Integral):
-        raise TypeError(f"count must be an int, got {count!r}")
-    if count < 1:
-        raise ValueError(f"count must be >= 1, got {count!r}")
-    if isinstance(seed, bool) or not isinstance(seed, Integral):
-        raise TypeError(f"seed must be an int, got {seed!r}")
+    positive_number("rate", rate, note="requests/s")
+    count = positive_integer("count", count)
+    seed = integer("seed", seed)
     rng = random.Random(seed)
     mu = math.log(1500)
     arrival = 0.0
