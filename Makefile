@@ -21,11 +21,12 @@ export HF_HUB_OFFLINE ?= 1
 # nbgrader runs helper programs (alembic) by name: the venv must come first on PATH.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help setup sandbox model run test test-lib test-notebooks test-grading test-hostile lab release samples hostile grade clean
+.PHONY: help setup sandbox model run test test-fast test-lib test-notebooks test-grading test-hostile lab release samples hostile grade clean
 
 help:
 	@echo "make run     execute the solution notebooks, regenerate labs/, grade the sample submissions"
 	@echo "make test    library tests, nbval on solutions/, labs/ in sync, grading of the samples and of the hostile submissions"
+	@echo "make test-fast   the library's unit tests without the slow ones (under 2 minutes): run it while editing"
 	@echo "make lab     open JupyterLab on labs/ (learners)"
 	@echo "make release regenerate labs/ from solutions/ (nbgrader generate_assignment)"
 	@echo "make grade SUBMISSIONS=DIR [JOBS=N] [GRADE_ARGS='--per-test --seed N']   autograde DIR/{learner}/{lab}/{lab}.ipynb"
@@ -67,6 +68,10 @@ run: model sandbox
 	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) $(GRADE_ARGS)
 
 test: model test-lib test-notebooks test-grading test-hostile
+
+# While editing: unit tests only (no kernels, sandboxes, nbgrader or real-model runs), on every core.
+test-fast: setup
+	$(BIN)/python -m pytest tests -q -m "not slow" -n auto -p no:cacheprovider
 
 test-lib: setup sandbox
 	$(BIN)/python -m pytest tests -q

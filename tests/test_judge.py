@@ -30,7 +30,7 @@ from course_lib.cache.contiguous import KVCache
 from course_lib.cache.paged import BlockPool, PagedKVCache, PagedSequence
 from course_grader import judge, remote
 from course_lib.grading import ContractError, check_int, check_int_list, check_real, check_tensor
-from course_lib.grading.lab03 import _normalise_plan
+from course_lib.grading.lab03 import normalise_plan as _normalise_plan
 from course_lib.hardware import REFERENCE_DEVICES
 from course_lib.models.config import ModelConfig, toy_config
 from course_lib.models.decoder import Decoder
@@ -462,7 +462,7 @@ from course_lib import roofline
 from course_lib import scheduling as sched
 from course_lib.cache.paged import PagedKVCache
 from course_lib.grading import fresh_seed, lab01, lab02, lab03
-from course_lib.grading.lab03 import _variant_step
+from course_lib.grading.lab03 import variant_step as _variant_step
 from course_lib.models import generate_full_recompute
 from course_lib.models.decoder import generate_cached
 
@@ -659,6 +659,7 @@ def learner(tmp_path_factory):
     kernel.close()
 
 
+@pytest.mark.slow
 def test_prefill_time_right_passes_wrong_fails_with_the_named_fault(learner):
     verdict = learner.judge(PREFILL_CELL.format(fn="prefill_time"))
     assert verdict["status"] == "passed", verdict
@@ -674,6 +675,7 @@ def test_prefill_time_right_passes_wrong_fails_with_the_named_fault(learner):
     assert "expected #, got #" in hidden["message"]
 
 
+@pytest.mark.slow
 def test_reference_reuse_missing_and_non_function_names(learner):
     verdict = learner.judge("lab01.check_prefill_time(prefill_reference, seed=0)")
     assert verdict["status"] == "failed" and "course_lib's reference" in verdict["message"]
@@ -685,6 +687,7 @@ def test_reference_reuse_missing_and_non_function_names(learner):
     assert verdict["status"] == "failed" and "raised ValueError: not today" in verdict["message"]
 
 
+@pytest.mark.slow
 def test_count_parameters(learner):
     source = ("lab01.check_parameter_count({fn}, seed=0)\n### BEGIN HIDDEN TESTS\n"
               "lab01.check_parameter_count({fn}, seed=fresh_seed(), cases=12)\n### END HIDDEN TESTS\n")
@@ -695,6 +698,7 @@ def test_count_parameters(learner):
     assert verdict["status"] == "failed" and "must be an int, got __main__.Rigged" in verdict["message"]
 
 
+@pytest.mark.slow
 def test_attend_with_cache_writes_in_place(learner):
     source = ("lab02.check_attention_step({fn}, seed=0)\n### BEGIN HIDDEN TESTS\n"
               "lab02.check_attention_step({fn}, seed=fresh_seed(), cases=8)\n### END HIDDEN TESTS\n")
@@ -706,6 +710,7 @@ def test_attend_with_cache_writes_in_place(learner):
     assert "changed no slot" in verdict["message"]
 
 
+@pytest.mark.slow
 def test_paged_append_and_read(learner):
     source = ("lab02.check_paged({fn}, paged_read, seed=0)\n### BEGIN HIDDEN TESTS\n"
               "lab02.check_paged({fn}, paged_read, seed=fresh_seed(), cases=4)\n### END HIDDEN TESTS\n")
@@ -715,6 +720,7 @@ def test_paged_append_and_read(learner):
     assert verdict["status"] == "failed" and "copy-on-write" in verdict["message"]
 
 
+@pytest.mark.slow
 def test_find_capacity_calls_back_into_the_judge(learner):
     source = ("lab03.check_find_capacity({fn}, seed=0)\n### BEGIN HIDDEN TESTS\n"
               "lab03.check_find_capacity({fn}, seed=fresh_seed(), cases=8)\n### END HIDDEN TESTS\n")
@@ -725,6 +731,7 @@ def test_find_capacity_calls_back_into_the_judge(learner):
     assert verdict["status"] == "failed" and "the upper bound returned" in verdict["message"]
 
 
+@pytest.mark.slow
 def test_schedule_step_and_the_simulation_it_drives(learner):
     source = ("lab03.check_schedule_step({fn}, seed=0)\n### BEGIN HIDDEN TESTS\n"
               "lab03.check_schedule_step({fn}, seed=fresh_seed(), cases=16)\n### END HIDDEN TESTS\n")
@@ -735,6 +742,7 @@ def test_schedule_step_and_the_simulation_it_drives(learner):
     assert verdict["status"] == "failed" and "oldest running request evicted" in verdict["message"]
 
 
+@pytest.mark.slow
 def test_generation_token_counts_reach_the_judges_hooks(learner):
     source = "lab02.check_generation({fn}, seed=5, max_new_tokens=8)"
     assert learner.judge(source.format(fn="generate_with_cache"))["status"] == "passed"
@@ -742,11 +750,12 @@ def test_generation_token_counts_reach_the_judges_hooks(learner):
     assert verdict["status"] == "failed" and "token ids went through the model" in verdict["message"]
 
 
+@pytest.mark.slow
 def test_changes_to_inputs_the_checker_does_not_expect_are_not_mirrored(learner):
     """Two tricks that once passed these checkers in-process: rewriting the input a checker reads
     after the call, and zeroing the K/V that check_paged also used as the truth. The checkers now
     read before the call and hand out clones; independently, the judge mirrors only the arguments
-    a checker expects to change (judge.WRITABLE), so both tricks fail there too."""
+    a checker expects to change (the contract's writes), so both tricks fail there too."""
     for source in ("lab02.check_kv_cache_bytes(kv_cache_bytes, measured_length_trick, seed=0)",
                    "lab02.check_paged(paged_append_zeroing, paged_read, seed=0)"):
         verdict = learner.judge(source)
@@ -755,11 +764,13 @@ def test_changes_to_inputs_the_checker_does_not_expect_are_not_mirrored(learner)
                          )["status"] == "failed"           # (not defined: sanity)
 
 
+@pytest.mark.slow
 def test_a_tensor_subclass_is_refused(learner):
     verdict = learner.judge("lab02.check_apply_rope(apply_rope_evil, seed=0)")
     assert verdict["status"] == "failed" and "EvilTensor" in verdict["message"]
 
 
+@pytest.mark.slow
 def test_a_slow_call_times_out_and_the_kernel_stays_usable(learner):
     start = time.monotonic()
     verdict = learner.judge("lab01.check_parameter_count(sleepy, seed=0)", call_timeout=2.0)
@@ -784,6 +795,7 @@ fresh_seed = lambda: 0
 '''
 
 
+@pytest.mark.slow
 def test_patching_checkers_in_the_kernel_does_not_fool_the_judge(tmp_path):
     kernel = Kernel(tmp_path)
     try:
@@ -809,6 +821,7 @@ def test_patching_checkers_in_the_kernel_does_not_fool_the_judge(tmp_path):
         kernel.close()
 
 
+@pytest.mark.slow
 def test_a_kernel_that_dies_fails_the_rest_of_the_cell(tmp_path):
     kernel = Kernel(tmp_path)
     try:
@@ -841,6 +854,7 @@ DIES_WHEN_JUDGED = """def dies(config):
 """
 
 
+@pytest.mark.slow
 def test_judged_execute_marks_tampering_and_survives_a_dead_kernel(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell(LEARNER),
@@ -881,6 +895,7 @@ def _load_sandbox():
     return sandbox
 
 
+@pytest.mark.slow
 def test_judged_sandbox_execute(tmp_path):
     """The judge around the sandbox's SandboxExecute: its client reaches the sandboxed kernel (IPC),
     a timed-out call is interrupted through the sandbox, and a kernel killed while being judged
@@ -910,6 +925,7 @@ def test_judged_sandbox_execute(tmp_path):
     assert [o.ename for o in nb.cells[6].outputs if o.output_type == "error"] == [sandbox.KERNEL_DIED]
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Object of type")
 def test_apply_verdicts_writes_the_gradebook_and_flags_disagreements(tmp_path, monkeypatch):
     from nbgrader.api import Gradebook

@@ -180,6 +180,7 @@ def test_triton_kernel_actually_used(capfd):
 # ---------------------------------------------------------------- the interpreter run
 
 
+@pytest.mark.slow
 def test_interpreter_subprocess():
     if KERNEL_RUNS_HERE:
         pytest.skip(f"triton mode here is {str(MODE)!r}: the kernel tests ran in this process")

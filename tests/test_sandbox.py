@@ -28,6 +28,8 @@ from traitlets.config import Config
 
 from course_grader import sandbox as sb
 
+pytestmark = pytest.mark.slow  # starts sandboxed kernels: not in `make test-fast`
+
 REPO = Path(__file__).resolve().parents[1]
 
 AVAILABLE, REASON = sb.sandbox_status()

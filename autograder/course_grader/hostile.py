@@ -3,6 +3,7 @@
 
     python -m course_grader.hostile build   (re)write autograder/hostile/ from autograder/samples/
     python -m course_grader.hostile check   grade autograder/hostile/ and check what must not change
+    python -m course_grader.hostile fresh   exit 1 if autograder/hostile/ differs from a fresh build
                                           (`make test-hostile`, part of `make test`)
 
 ``build`` starts from the sample solutions (``autograder/samples/solution``, made by
@@ -25,9 +26,11 @@ unless every score matches, and:
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import hashlib
+import io
 import json
 import os
 import re
@@ -565,11 +568,13 @@ HOSTILE_L2 = {
 }
 
 
-def build() -> None:
+def build(root: Path = HOSTILE) -> None:
+    """Write the hostile submissions under ROOT (autograder/hostile/ by default; its hand-written
+    expected_scores.csv is kept)."""
     import nbformat
 
-    if HOSTILE.exists():
-        for path in sorted(HOSTILE.rglob("*"), reverse=True):
+    if root.exists():
+        for path in sorted(root.rglob("*"), reverse=True):
             if (path.is_symlink() or path.is_file()) and path.name != "expected_scores.csv":
                 path.unlink()
             elif path.is_dir():
@@ -577,9 +582,12 @@ def build() -> None:
     solved = {lab: nbformat.read(SAMPLES / "solution" / lab / f"{lab}.ipynb", as_version=4) for lab in (L1, L2)}
 
     def write(learner: str, lab: str, nb, name: str | None = None) -> None:
-        path = HOSTILE / learner / lab / (name or f"{lab}.ipynb")
+        path = root / learner / lab / (name or f"{lab}.ipynb")
         path.parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, path)
+        # nbformat.v4's writer without nbformat.write's validation, which "repairs" the repeated
+        # cell ids some attacks need with random new ones (the build must be reproducible)
+        text = nbformat.v4.nbjson.writes(nb)
+        path.write_text(text if text.endswith("\n") else text + "\n")
 
     # bystanders: graded in the same batch; their scores and gradebook rows must not move
     write("bystander_solution", L1, solved[L1])
@@ -598,23 +606,50 @@ def build() -> None:
             write(learner, lab, nb)
     write("renamed_notebook", L1, solved[L1], name="01_roofline (copy 2).ipynb")
     for name, target in LEAK_LINKS.items():   # symlinks are never copied into the course
-        os.symlink(target, HOSTILE / "symlink_leak" / L1 / name)
-    folder = HOSTILE / "notebook_symlink" / L1
+        os.symlink(target, root / "symlink_leak" / L1 / name)
+    folder = root / "notebook_symlink" / L1
     folder.mkdir(parents=True, exist_ok=True)
     os.symlink(f"../../../../solutions/{L1}/{L1}.ipynb", folder / f"{L1}.ipynb")
     # files nbgrader cannot read: clear per-row errors, the batch goes on
-    folder = HOSTILE / "corrupt_json" / L1
+    folder = root / "corrupt_json" / L1
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{L1}.ipynb").write_text(json.dumps(solved[L1])[:5000])
     old = copy.deepcopy(solved[L1])
     old.nbformat, old.nbformat_minor = 3, 0
-    folder = HOSTILE / "wrong_nbformat" / L1
+    folder = root / "wrong_nbformat" / L1
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{L1}.ipynb").write_text(json.dumps(old))
-    folder = HOSTILE / "missing_notebook" / L1
+    folder = root / "missing_notebook" / L1
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "notes.txt").write_text("I could not finish the lab.\n")
-    print(f"wrote {sum(1 for _ in HOSTILE.rglob('*.ipynb'))} notebooks under {HOSTILE.relative_to(ROOT)}")
+    print(f"wrote {sum(1 for _ in root.rglob('*.ipynb'))} notebooks under {root}")
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Relative path -> content (symlinks: "link:" + target) of every entry under ROOT but the
+    hand-written expected_scores.csv."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        name = str(path.relative_to(root))
+        if name == "expected_scores.csv":
+            continue
+        if path.is_symlink():
+            out[name] = "link:" + os.readlink(path)
+        elif path.is_file():
+            out[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def stale() -> list[str]:
+    """Entries of autograder/hostile/ that differ from a fresh build (missing, extra or changed)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh_root = Path(tmp) / "hostile"
+        with contextlib.redirect_stdout(io.StringIO()):
+            build(fresh_root)
+        fresh, committed = tree(fresh_root), tree(HOSTILE)
+    return sorted(name for name in set(fresh) | set(committed) if fresh.get(name) != committed.get(name))
 
 
 # --------------------------------------------------------------------------------------
@@ -721,6 +756,13 @@ def check(jobs: int) -> int:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["build"]:
         build()
+        return 0
+    if argv[:1] == ["--check"] or argv[:1] == ["fresh"]:
+        problems = stale()
+        if problems:
+            print("autograder/hostile/ is stale (run `make hostile`):\n  " + "\n  ".join(problems))
+            return 1
+        print("autograder/hostile/ matches a fresh build")
         return 0
     if argv[:1] == ["check"]:
         jobs = int(argv[argv.index("--jobs") + 1]) if "--jobs" in argv else 2
