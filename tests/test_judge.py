@@ -144,6 +144,35 @@ def test_aliasing_survives_and_state_objects_are_rebuilt():
     assert type(k_kv) is KVCache and k_kv.length == 3 and torch.equal(k_kv.v, kv.v) and k_kv.max_len == 8
 
 
+def _same_state(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if hasattr(a, "__dict__") and not isinstance(a, type):
+        return type(a) is type(b) and _same_state(vars(a), vars(b))
+    if isinstance(a, dict):
+        return type(b) is type(a) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple, deque)):
+        return type(b) is type(a) and len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def test_state_classes_declare_their_whole_state():
+    """Every attribute of a state object crosses the channel: an attribute added to (or renamed in)
+    the class but not to its WIRE_STATE would be missing or stale on the other side."""
+    pool = BlockPool(8, 4, 2, 3)
+    cache = PagedKVCache(pool)
+    seq = cache.new_sequence()
+    cache.append(seq, torch.randn(6, 2, 3), torch.randn(6, 2, 3), token_ids=list(range(6)))
+    kv = KVCache.for_model(toy_config(n_layers=2), batch=1, max_len=8)
+    kv.length = 5
+    for obj in (pool, seq, cache, kv):
+        enc = remote.CallEncoder()
+        payload = json.loads(remote.dumps({"node": enc.encode(obj), "objects": enc.table}))
+        rebuilt = remote.CallDecoder(payload["objects"]).decode(payload["node"])
+        assert type(rebuilt) is type(obj) and set(vars(rebuilt)) == set(vars(obj)), type(obj).__name__
+        assert _same_state(obj, rebuilt), type(obj).__name__
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_decoder_is_rebuilt_with_identical_weights(tied):
     model = Decoder.random(toy_config(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=96,

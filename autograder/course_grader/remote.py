@@ -27,7 +27,8 @@ Node format (every JSON object is a tagged node, so a plain dict never looks lik
 
 Values: ``value`` types are ModelConfig, Accelerator, scheduling Device, Request,
 RequestRecord and StepPlan (rebuilt field by field); ``state`` types are BlockPool,
-PagedSequence, PagedKVCache and KVCache (rebuilt without their constructor, written back
+PagedSequence, PagedKVCache and KVCache (rebuilt without their constructor from the attributes
+the class names in its ``WIRE_STATE``, written back
 after the call); a Decoder is rebuilt kernel-side from its config and state dict.
 
 Direction judge -> kernel (``CallEncoder``): every mutable argument (tensor, array, list,
@@ -112,15 +113,11 @@ def _value_types() -> dict[str, type]:
 
 
 def _state_types() -> dict[str, tuple[type, tuple[str, ...]]]:
+    """Mutable course_lib classes that cross, each with the attributes its ``WIRE_STATE`` names
+    (declared next to the class, so renaming a field there cannot silently break grading)."""
     from course_lib.cache.contiguous import KVCache
     from course_lib.cache.paged import BlockPool, PagedKVCache, PagedSequence
-    return {
-        "BlockPool": (BlockPool, ("num_blocks", "block_size", "k", "v", "free_block_ids", "ref_counts",
-                                  "hash_to_block_id", "block_hashes", "block_token_ids")),
-        "PagedSequence": (PagedSequence, ("block_table", "length", "token_ids")),
-        "PagedKVCache": (PagedKVCache, ("pool",)),
-        "KVCache": (KVCache, ("k", "v", "length")),
-    }
+    return {cls.__name__: (cls, tuple(cls.WIRE_STATE)) for cls in (BlockPool, PagedSequence, PagedKVCache, KVCache)}
 
 
 _TABLES: dict[str, Any] = {}

@@ -40,6 +40,11 @@ class KVCache:
         ValueError: a size < 1.
     """
 
+    #: The attributes that make up a cache's state, in the order they are restored: what crosses
+    #: the grading judge's plain-data channel (course_grader.remote) when a checker passes a cache
+    #: to a learner's function. A new attribute must be listed here (tests/test_judge.py checks).
+    WIRE_STATE = ("k", "v", "length")
+
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
         sizes = {name: positive_integer(f"KVCache {name}", value) for name, value in (

@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import torch
 
@@ -117,6 +117,12 @@ class BlockPool:
             block is needed (see ``check_id``).
         BlockPoolExhaustedError: ``allocate`` with no free block.
     """
+
+    #: The attributes that make up a pool's state, in the order they are restored: what crosses the
+    #: grading judge's plain-data channel (course_grader.remote) when a checker passes a pool to a
+    #: learner's function. A new attribute must be listed here (tests/test_judge.py checks).
+    WIRE_STATE = ("num_blocks", "block_size", "k", "v", "free_block_ids", "ref_counts", "hash_to_block_id",
+                  "block_hashes", "block_token_ids")
 
     def __init__(self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
@@ -282,6 +288,11 @@ class PagedSequence:
             once an append came without token ids (hashing stops for this sequence).
     """
 
+    #: The attributes that make up its state, in the order they are restored: what crosses the
+    #: grading judge's plain-data channel (course_grader.remote). A new attribute must be listed
+    #: here (tests/test_judge.py checks).
+    WIRE_STATE: ClassVar[tuple[str, ...]] = ("block_table", "length", "token_ids")
+
     block_table: list[int] = field(default_factory=list)
     length: int = 0
     token_ids: list[int] = field(default_factory=list)
@@ -325,6 +336,8 @@ class PagedKVCache:
     ``BlockPoolExhaustedError`` when an ``append`` needs more free blocks than the pool has,
     raised before anything is written or allocated.
     """
+
+    WIRE_STATE = ("pool",)  # what crosses the grading judge's channel (see BlockPool.WIRE_STATE)
 
     def __init__(self, pool: BlockPool) -> None:
         self.pool = instance("pool", pool, BlockPool)
