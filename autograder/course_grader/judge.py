@@ -1192,26 +1192,10 @@ def _make_mixin():
                     self.log.error("judge: could not restart the dead kernel: %s", exc)
 
         def _judge_iopub_ready(self, tries: int = 20) -> None:
-            """After a restart, nbclient's iopub subscription reconnects on its own; output
-            published before it does is lost (and nbclient then waits for a status it never
-            gets). Execute empty requests until one's idle status arrives on iopub."""
-            get = _sync(self.kc.iopub_channel.get_msg)
-            for _ in range(tries):
-                msg_id = self.kc.execute("", silent=True, store_history=False)
-                deadline = time.monotonic() + 1.0
-                while time.monotonic() < deadline:
-                    try:
-                        msg = get(timeout=0.2)
-                    except Exception:
-                        continue
-                    if msg.get("parent_header", {}).get("msg_id") == msg_id and \
-                            msg.get("msg_type") == "status" and msg.get("content", {}).get("execution_state") == "idle":
-                        _drain = _sync(self.kc.shell_channel.get_msg)
-                        with contextlib.suppress(Exception):
-                            while True:
-                                _drain(timeout=0.2)
-                        return
-            raise JudgeError("the restarted kernel's output channel did not come back")
+            from .sandbox import iopub_ready
+
+            if not iopub_ready(self.kc, tries):
+                raise JudgeError("the restarted kernel's output channel did not come back")
 
         def _judge_write(self) -> None:
             resources = self._judge_resources or {}

@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import copy
 import errno
 import fcntl
@@ -94,7 +95,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from .paths import REPO_ROOT
 
@@ -763,6 +764,44 @@ from jupyter_core.utils import ensure_async, run_sync  # noqa: E402
 from traitlets import Bool, Dict, Integer, List, Unicode  # noqa: E402
 
 
+def blocking(fn: Callable | None) -> Callable | None:
+    """A plain blocking callable for a kernel manager's or client's method, async or not."""
+    if fn is None:
+        return None
+
+    def call(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            async def wait():
+                return await result
+            return run_sync(wait)()
+        return result
+    return call
+
+
+def iopub_ready(kc, tries: int = 20) -> bool:
+    """After a kernel restart, a client's iopub subscription reconnects on its own and misses what
+    is published before it does (nbclient then waits for a status that never comes). Execute empty
+    requests until one's idle status arrives on iopub, then drain the shell replies; False if none
+    arrived after TRIES requests (about a second each)."""
+    get, get_reply = blocking(kc.iopub_channel.get_msg), blocking(kc.shell_channel.get_msg)
+    for _ in range(tries):
+        msg_id = kc.execute("", silent=True, store_history=False)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            try:
+                msg = get(timeout=0.2)
+            except Exception:
+                continue
+            if msg.get("parent_header", {}).get("msg_id") == msg_id and msg.get("msg_type") == "status" \
+                    and msg.get("content", {}).get("execution_state") == "idle":
+                with contextlib.suppress(Exception):
+                    while True:
+                        get_reply(timeout=0.2)
+                return True
+    return False
+
+
 _CACHE_CHECKED = False
 
 
@@ -1093,25 +1132,8 @@ if _Execute is not None:
                                     "killed")
 
         def _wait_iopub_ready(self, tries: int = 20) -> None:
-            """After a restart the client's iopub subscription reconnects on its own and misses
-            what is published before; execute empty requests until one's idle status arrives."""
-            get = run_sync(self.kc.iopub_channel.get_msg)
-            get_reply = run_sync(self.kc.shell_channel.get_msg)
-            for _ in range(tries):
-                msg_id = self.kc.execute("", silent=True, store_history=False)
-                deadline = time.monotonic() + 1.0
-                while time.monotonic() < deadline:
-                    try:
-                        msg = get(timeout=0.2)
-                    except Exception:
-                        continue
-                    if msg.get("parent_header", {}).get("msg_id") == msg_id and msg.get("msg_type") == "status" \
-                            and msg.get("content", {}).get("execution_state") == "idle":
-                        with contextlib.suppress(Exception):
-                            while True:
-                                get_reply(timeout=0.2)
-                        return
-            raise SandboxError("the restarted kernel's output channel did not come back")
+            if not iopub_ready(self.kc, tries):
+                raise SandboxError("the restarted kernel's output channel did not come back")
 
         async def _async_poll_kernel_alive(self) -> None:
             """nbclient's once-a-second liveness poll, plus: an input_request on stdin (which is
