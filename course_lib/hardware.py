@@ -1,13 +1,16 @@
-"""Accelerator specs for the roofline bounds of course "Lab 1: roofline".
+"""Accelerators as the roofline sees them (``docs/roofline.md#devices``).
 
-An accelerator is reduced to three numbers: memory capacity (decimal GB, 1 GB = 1e9
-bytes), memory bandwidth (decimal TB/s, 1 TB/s = 1e12 B/s) and dense compute (TFLOP/s,
-1e12 FLOP/s, *without* 2:4 structured sparsity). Its ridge point is peak / bandwidth in
-FLOP/byte: kernels with a lower arithmetic intensity are bandwidth-bound.
+A ``Device`` is three numbers in SI units: memory capacity in bytes, memory bandwidth in
+bytes/s and dense compute in FLOP/s (*without* 2:4 structured sparsity). Its ridge point
+``peak_flops / bandwidth`` (FLOP/byte) divides kernels into bandwidth-bound (lower arithmetic
+intensity) and compute-bound (higher). Datasheets quote decimal GB (1e9 bytes, not GiB), TB/s
+(1e12 B/s) and TFLOP/s (1e12 FLOP/s); ``Device.from_datasheet`` converts them once, where the
+figures enter, so every formula after it reads bare.
 
-``REFERENCE_DEVICES`` holds the five generic devices of the course spec (exact figures
-from COURSE_SPEC.md "Lab 1"); ``DEVICES`` adds the H100 SXM and the H200 with their
-vendors' dense BF16 figures.
+Lab 1 (``roofline``) bounds a model on a ``Device``; Lab 3 (``scheduling.cost.Deployment``)
+serves a model on one. ``REFERENCE_DEVICES`` holds the course's five generic devices
+(``docs/roofline.md#devices``); ``DEVICES`` adds the H100 SXM and the H200 with their vendors'
+dense BF16 figures.
 """
 from __future__ import annotations
 
@@ -15,67 +18,65 @@ from dataclasses import dataclass
 
 from .validation import positive_number
 
-__all__ = ["Accelerator", "REFERENCE_DEVICES", "DEVICES", "get_device"]
+__all__ = ["Device", "REFERENCE_DEVICES", "DEVICES", "get_device"]
 
-_SPEC_SOURCE = "the course's generic reference devices (Lab 1: roofline; dense 16-bit compute)"
+_REFERENCE_SOURCE = "the course's generic reference devices (docs/roofline.md#devices; dense 16-bit compute)"
 
 
 @dataclass(frozen=True)
-class Accelerator:
-    """One accelerator as the roofline sees it.
+class Device:
+    """One accelerator: what the roofline bounds need of it, in SI units.
 
     Attributes:
         name: short label used as the key in ``DEVICES`` and in tables.
-        capacity_gb: memory capacity in decimal GB (1e9 bytes; not GiB).
-        bandwidth_tbps: memory bandwidth in decimal TB/s (1e12 bytes/s).
-        dense_tflops: dense (no sparsity) 16-bit tensor throughput in TFLOP/s (1e12 FLOP/s).
+        memory: memory capacity in bytes (24 GB -> 24e9: decimal, not GiB).
+        bandwidth: memory bandwidth in bytes/s (1 TB/s -> 1e12).
+        peak_flops: dense (no sparsity) 16-bit tensor throughput in FLOP/s (165 TFLOP/s -> 165e12).
         source: where the figures come from, with a date.
 
     Raises:
-        ValueError: a size that is not a positive finite number, or an empty name.
+        ValueError: an empty name, or a figure that is not a positive finite number (a
+            ``TypeError`` subclass as well when it is not a number at all).
     """
 
     name: str
-    capacity_gb: float
-    bandwidth_tbps: float
-    dense_tflops: float
+    memory: float
+    bandwidth: float
+    peak_flops: float
     source: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"Accelerator.name must be a non-empty str, got {self.name!r}")
-        for field in ("capacity_gb", "bandwidth_tbps", "dense_tflops"):
-            positive_number(f"Accelerator.{field}", getattr(self, field))
+            raise ValueError(f"Device.name must be a non-empty str, got {self.name!r}")
+        for field in ("memory", "bandwidth", "peak_flops"):
+            positive_number(f"Device.{field}", getattr(self, field))
 
-    @property
-    def capacity_bytes(self) -> float:
-        """Memory capacity in bytes (capacity_gb * 1e9)."""
-        return self.capacity_gb * 1e9
+    @classmethod
+    def from_datasheet(cls, name: str, capacity_gb: float, bandwidth_tbps: float, dense_tflops: float,
+                       source: str = "") -> "Device":
+        """A device from datasheet units: capacity in decimal GB (x 1e9 bytes), bandwidth in TB/s
+        (x 1e12 B/s), dense compute in TFLOP/s (x 1e12 FLOP/s).
 
-    @property
-    def bandwidth(self) -> float:
-        """Memory bandwidth in bytes/s (bandwidth_tbps * 1e12)."""
-        return self.bandwidth_tbps * 1e12
-
-    @property
-    def peak_flops(self) -> float:
-        """Dense peak compute in FLOP/s (dense_tflops * 1e12)."""
-        return self.dense_tflops * 1e12
+        Raises: ValueError (naming the argument) for a figure that is not a positive finite number."""
+        for argument, value in (("capacity_gb", capacity_gb), ("bandwidth_tbps", bandwidth_tbps),
+                                ("dense_tflops", dense_tflops)):
+            positive_number(argument, value)
+        return cls(name, capacity_gb * 1e9, bandwidth_tbps * 1e12, dense_tflops * 1e12, source)
 
     @property
     def ridge_point(self) -> float:
-        """Ridge point I* = peak_flops / bandwidth, in FLOP/byte."""
+        """Ridge point I* = peak_flops / bandwidth, in FLOP/byte (``docs/roofline.md#ridge-point``)."""
         return self.peak_flops / self.bandwidth
 
 
-#: The five generic devices of the course spec: (name, capacity GB, TB/s, dense TFLOP/s).
-REFERENCE_DEVICES: dict[str, Accelerator] = {
+#: The course's five generic devices (capacity GB, TB/s, dense TFLOP/s), docs/roofline.md#devices.
+REFERENCE_DEVICES: dict[str, Device] = {
     d.name: d for d in (
-        Accelerator("24GB-1.0", 24, 1.0, 165, _SPEC_SOURCE),
-        Accelerator("24GB-0.3", 24, 0.30, 121, _SPEC_SOURCE),
-        Accelerator("48GB", 48, 0.864, 362, _SPEC_SOURCE),
-        Accelerator("80GB-2.039", 80, 2.039, 312, _SPEC_SOURCE),
-        Accelerator("80GB-3.35", 80, 3.35, 989, _SPEC_SOURCE),
+        Device.from_datasheet("24GB-1.0", 24, 1.0, 165, _REFERENCE_SOURCE),
+        Device.from_datasheet("24GB-0.3", 24, 0.30, 121, _REFERENCE_SOURCE),
+        Device.from_datasheet("48GB", 48, 0.864, 362, _REFERENCE_SOURCE),
+        Device.from_datasheet("80GB-2.039", 80, 2.039, 312, _REFERENCE_SOURCE),
+        Device.from_datasheet("80GB-3.35", 80, 3.35, 989, _REFERENCE_SOURCE),
     )
 }
 
@@ -84,25 +85,24 @@ _NVIDIA_NOTE = ("NVIDIA datasheet value (BF16 Tensor Core 1,979 TFLOP/s is quote
                 "third-party spec pages, not re-fetched from nvidia.com; as of 2026-11")
 
 #: Reference devices plus two named GPUs (vendor dense BF16 figures).
-DEVICES: dict[str, Accelerator] = {
+DEVICES: dict[str, Device] = {
     **REFERENCE_DEVICES,
-    "H100 SXM": Accelerator("H100 SXM", 80, 3.35, 989,
-                            "NVIDIA H100 SXM5: 80 GB HBM3, 3.35 TB/s; " + _NVIDIA_NOTE),
-    "H200": Accelerator("H200", 141, 4.8, 989,
-                        "NVIDIA H200 SXM: 141 GB HBM3e, 4.8 TB/s; " + _NVIDIA_NOTE),
+    "H100 SXM": Device.from_datasheet("H100 SXM", 80, 3.35, 989,
+                                      "NVIDIA H100 SXM5: 80 GB HBM3, 3.35 TB/s; " + _NVIDIA_NOTE),
+    "H200": Device.from_datasheet("H200", 141, 4.8, 989, "NVIDIA H200 SXM: 141 GB HBM3e, 4.8 TB/s; " + _NVIDIA_NOTE),
 }
 
 
-def get_device(device) -> Accelerator:
-    """Return ``device`` if it is an ``Accelerator``, else look its name up in ``DEVICES``.
+def get_device(device) -> Device:
+    """Return ``device`` if it is a ``Device``, else look its name up in ``DEVICES``.
 
     Raises:
         ValueError: a name that is not in ``DEVICES``, or an object of another type.
     """
-    if isinstance(device, Accelerator):
+    if isinstance(device, Device):
         return device
     if isinstance(device, str):
         if device in DEVICES:
             return DEVICES[device]
         raise ValueError(f"device {device!r} is unknown; known: {', '.join(DEVICES)}")
-    raise ValueError(f"device must be an Accelerator or a name in DEVICES, got {type(device).__qualname__}")
+    raise ValueError(f"device must be a Device or a name in DEVICES, got {type(device).__qualname__}")

@@ -1,21 +1,29 @@
-"""Roofline bounds for LLM inference (course "Lab 1: roofline"; the notebook's engine and
+"""Roofline bounds for LLM inference (Lab 1: ``docs/roofline.md``; the notebook's engine and
 what the graders use).
 
-Units everywhere: bytes and decimal GB (1 GB = 1e9 bytes, never GiB), seconds, FLOPs,
-bytes/s and FLOP/s. Every time returned here is a *bound* (a best case under the stated
-assumptions), not a prediction.
+Units everywhere: bytes, seconds, FLOPs, bytes/s and FLOP/s, as a ``hardware.Device`` holds
+them; decimal GB (1 GB = 1e9 bytes, never GiB) only where an argument's name says ``_gb``.
+Every time returned here is a *bound* (a best case under the stated assumptions), not a
+prediction.
 
 Contents:
+- ``step_time``: the roofline time of one step, max(bytes / bandwidth, FLOPs / peak), the
+  one place the course writes it (Lab 3's cost model and its fast simulator call it too);
 - model accounting on a ``ModelConfig``: ``n_matmul``, ``kv_bytes_per_token``,
-  ``serving_file_bytes`` (mixed int4-g128 / bf16 / int8 format), the spec's ``case_model``;
-- time bounds: ``prefill_time`` (compute at MFU), ``decode_step_bound`` (max of memory and
-  compute time), ``capacity_table`` (per-device TTFT, batch and throughput);
-- the per-token cost calculator of the spec's 70B example: ``weight_bytes_for_format``,
-  ``kv_bytes_per_sequence``, ``step_time_bound``, ``verification_cost_ratio``,
-  ``expected_tokens_per_step``, ``speculative_speedup``, ``smallest_compute_bound_batch``;
+  ``serving_file_bytes`` (mixed int4-g128 / bf16 / int8 format), ``case_model``;
+- time bounds: ``prefill_time`` (compute at MFU), ``decode_step`` (both terms) and
+  ``decode_step_bound`` (their max), ``requests_that_fit``, ``capacity_table`` (per-device
+  TTFT, batch and throughput);
+- the per-token cost calculator of the 70B example: ``weight_bytes_for_format``,
+  ``kv_bytes_per_sequence``, ``step_time_bound``, ``smallest_compute_bound_batch``
+  (``course_lib.speculative`` builds the speculative-decoding bounds on ``step_time_bound``);
 - arithmetic intensity: ``gemv_intensity``, ``gemm_intensity``, ``decode_attention_intensity``;
 - measurement: ``measure_matmul`` (W (d x d) @ X (d x B) on this machine) and
   ``estimate_roof`` (bandwidth from B = 1, peak from the largest B, ridge).
+
+Where a function's learner twin exists (``prefill_time``, ``decode_step_bound``,
+``requests_that_fit`` in the Lab 1 notebook), both take the same arguments and return the same
+kind of value. Long numeric argument lists are keyword-only, so a call reads as the formula does.
 
 Every function raises ``ValueError`` naming the argument on bad input (non-positive sizes,
 an unknown format, ``mfu`` outside (0, 1], ...).
@@ -26,29 +34,79 @@ import math
 from dataclasses import dataclass
 from numbers import Integral
 
-from .hardware import REFERENCE_DEVICES, Accelerator, get_device
+import numpy as np
+
+from .hardware import REFERENCE_DEVICES, Device, get_device
 from .models.config import ModelConfig
 from .validation import (instance, nonnegative_integer, nonnegative_number, number, positive_integer,
                          positive_number)
 
 __all__ = [
-    "CASE_WEIGHT_BYTES", "FORMAT_BITS", "StepBound", "case_model", "n_matmul", "kv_bytes_per_token",
-    "serving_file_bytes", "default_weight_bytes", "requests_that_fit", "prefill_flops", "prefill_time", "decode_step_flops",
-    "decode_step_bound", "capacity_table", "weight_bytes_for_format", "kv_bytes_per_sequence",
-    "step_time_bound", "verification_cost_ratio", "expected_tokens_per_step", "speculative_speedup",
-    "smallest_compute_bound_batch", "gemv_intensity", "gemm_intensity", "decode_attention_intensity",
-    "DEFAULT_BATCHES", "measure_matmul", "MeasuredRoof", "estimate_roof",
+    "CASE_WEIGHT_BYTES", "FORMAT_BITS", "step_time", "StepBound", "case_model", "n_matmul", "kv_bytes_per_token",
+    "serving_file_bytes", "default_weight_bytes", "requests_that_fit", "prefill_flops", "prefill_time",
+    "decode_step_flops", "decode_step", "decode_step_bound", "capacity_table", "weight_bytes_for_format",
+    "kv_bytes_per_sequence", "step_time_bound", "smallest_compute_bound_batch", "gemv_intensity",
+    "gemm_intensity", "decode_attention_intensity", "DEFAULT_BATCHES", "measure_matmul", "MeasuredRoof",
+    "estimate_roof",
 ]
 
-#: Weight-file bytes of the case model used in every bound (spec: "5.5e9 bytes in the bounds").
+#: Weight-file bytes of the case model used in every bound (docs/roofline.md#serving-file).
 CASE_WEIGHT_BYTES: float = 5.5e9
 
 #: Bits per weight of the 70B calculator's formats (int4 g128: 4 bits + scale overhead = 4.15).
 FORMAT_BITS: dict[str, float] = {"bf16": 16.0, "fp8": 8.0, "int4-g128": 4.15}
 
 
+# -- the roofline step time ----------------------------------------------------------------
+def step_time(*, bytes_moved, flops, bandwidth, peak_flops):
+    """Roofline time of one step in seconds: max(bytes_moved / bandwidth, flops / peak_flops).
+
+    Loads and arithmetic overlap, so the slower of the two bounds the step: a max, not a sum
+    (Williams, Waterman and Patterson, 2009; ``docs/roofline.md#decode-step-bound``). Every
+    step time of the course comes from here: Lab 1's bounds, Lab 3's iteration cost model
+    (``scheduling.cost.iteration_seconds``) and its fast simulator, which passes numpy arrays.
+
+    Args (keyword-only): bytes_moved: bytes read and written (B). flops: arithmetic (FLOP).
+        bandwidth: bytes/s. peak_flops: FLOP/s (a datasheet peak, or a usable MFU share of it).
+        Floats, ints or numpy arrays (element-wise; the result is then an array).
+    Returns: seconds, a float for scalar inputs. No checks: callers validate where values enter.
+    """
+    memory_s = bytes_moved / bandwidth
+    compute_s = flops / peak_flops
+    if isinstance(memory_s, np.ndarray) or isinstance(compute_s, np.ndarray):
+        return np.maximum(memory_s, compute_s)
+    return max(memory_s, compute_s)
+
+
+@dataclass(frozen=True)
+class StepBound:
+    """A roofline bound on one step, in seconds: ``bound_s = step_time(...)``, the larger of
+    ``memory_s = bytes_moved / bandwidth`` and ``compute_s = flops / peak``.
+
+    ``binding`` is "compute" when compute_s >= memory_s, else "memory"; ``bytes_moved`` (B) and
+    ``flops`` (FLOP) are the numerators of the two times."""
+
+    memory_s: float
+    compute_s: float
+    bound_s: float
+    binding: str
+    bytes_moved: float
+    flops: float
+
+    @classmethod
+    def from_terms(cls, *, bytes_moved: float, flops: float, bandwidth: float, peak_flops: float) -> "StepBound":
+        """The bound of a step moving ``bytes_moved`` bytes at ``bandwidth`` B/s and doing ``flops``
+        FLOPs at ``peak_flops`` FLOP/s."""
+        memory_s, compute_s = bytes_moved / bandwidth, flops / peak_flops
+        return cls(memory_s=memory_s, compute_s=compute_s,
+                   bound_s=step_time(bytes_moved=bytes_moved, flops=flops, bandwidth=bandwidth,
+                                     peak_flops=peak_flops),
+                   binding="compute" if compute_s >= memory_s else "memory",
+                   bytes_moved=bytes_moved, flops=flops)
+
+
 # -- argument checks -----------------------------------------------------------------------
-def _device(name: str, value) -> Accelerator:
+def _device(name: str, value) -> Device:
     try:
         return get_device(value)
     except ValueError as exc:
@@ -57,19 +115,19 @@ def _device(name: str, value) -> Accelerator:
 
 # -- model accounting ----------------------------------------------------------------------
 def case_model() -> ModelConfig:
-    """The spec's case model: 36 layers, d 4096, 32 query / 8 KV heads of 128, SwiGLU 15,360,
-    vocab 152,064, untied. N = 9,550,729,216; N_matmul = 8,927,875,072 (COURSE_SPEC "Lab 1").
-    ``max_seq_len`` is left at the ModelConfig default (the spec gives none; no bound uses it)."""
+    """The course's case model (``docs/roofline.md#case-model``): 36 layers, d 4096, 32 query /
+    8 KV heads of 128, SwiGLU 15,360, vocab 152,064, untied. N = 9,550,729,216; N_matmul =
+    8,927,875,072. ``max_seq_len`` is left at the ModelConfig default (no bound uses it)."""
     return ModelConfig(n_layers=36, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128, d_ff=15360,
                        vocab_size=152064, tie_embeddings=False)
 
 
 def n_matmul(config: ModelConfig) -> int:
-    """Parameters that take part in a matrix multiply per token.
+    """Parameters that take part in a matrix multiply per token (``docs/roofline.md#counting-rule``).
 
     ``config.parameters()`` minus the *untied* input embedding (a lookup is not a multiply);
     the output head stays. With tied embeddings the shared matrix is counted once, as the
-    head, so N_matmul = parameters. (Norm vectors are kept, as in the spec's figure.)
+    head, so N_matmul = parameters. (Norm vectors are kept.)
 
     Returns: an exact int. Raises: ValueError if ``config`` is not a ModelConfig.
     """
@@ -79,7 +137,8 @@ def n_matmul(config: ModelConfig) -> int:
 
 
 def kv_bytes_per_token(config: ModelConfig, bytes_per_value: int | float = 2):
-    """KV-cache bytes one position costs: 2 (K and V) * L * n_kv * d_head * bytes_per_value.
+    """KV-cache bytes one position costs: 2 (K and V) * L * n_kv * d_head * bytes_per_value
+    (``docs/roofline.md#kv-bytes-per-token``).
 
     Returns: an int for an int ``bytes_per_value`` (exact), else a float (e.g. 0.5 for int4).
     Raises: ValueError for a non-ModelConfig or a non-positive ``bytes_per_value``.
@@ -91,13 +150,13 @@ def kv_bytes_per_token(config: ModelConfig, bytes_per_value: int | float = 2):
 
 def serving_file_bytes(config: ModelConfig, linear_bits: float = 4.125, norm_bits: float = 16,
                        embedding_bits: float = 8) -> float:
-    """Bytes of a mixed-format serving file, before packaging metadata.
+    """Bytes of a mixed-format serving file, before packaging metadata (``docs/roofline.md#serving-file``).
 
     Block linear weights (q, k, v, o and the three SwiGLU projections) at ``linear_bits``
     (default 4.125 = int4 plus one fp16 scale per 128 weights), RMSNorm vectors (2 per block
     plus the final norm) at ``norm_bits`` (bf16), embedding table(s) at ``embedding_bits``
-    (input embedding and, when untied, the output head; a tied table once). The spec's case
-    model gives 5,528,428,544 bytes = 5.528429 GB.
+    (input embedding and, when untied, the output head; a tied table once). The case model
+    gives 5,528,428,544 bytes = 5.528429 GB.
 
     Returns: a float, in bytes. Raises: ValueError on a non-ModelConfig or non-positive bits.
     """
@@ -112,137 +171,135 @@ def serving_file_bytes(config: ModelConfig, linear_bits: float = 4.125, norm_bit
     return (linear * linear_bits + norms * norm_bits + tables * embedding_bits) / 8
 
 
-def default_weight_bytes(model: ModelConfig) -> float:
-    """Weight bytes the bounds use when none is given: ``CASE_WEIGHT_BYTES`` (5.5e9) for the
-    case model (as the spec fixes), otherwise ``serving_file_bytes(model)``."""
-    model = instance("model", model, ModelConfig)
-    return CASE_WEIGHT_BYTES if model == case_model() else serving_file_bytes(model)
+def default_weight_bytes(config: ModelConfig) -> float:
+    """Weight bytes ``capacity_table`` uses when none is given: ``CASE_WEIGHT_BYTES`` (5.5e9) for
+    the case model (the course's round figure), otherwise ``serving_file_bytes(config)``."""
+    config = instance("config", config, ModelConfig)
+    return CASE_WEIGHT_BYTES if config == case_model() else serving_file_bytes(config)
 
 
 # -- time bounds ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StepBound:
-    """A roofline bound on one step: ``bound_s = max(memory_s, compute_s)`` in seconds.
-
-    ``binding`` is "compute" when compute_s >= memory_s, else "memory"; ``bytes_moved`` and
-    ``flops`` are the numerators of the two times."""
-
-    memory_s: float
-    compute_s: float
-    bound_s: float
-    binding: str
-    bytes_moved: float
-    flops: float
-
-    @classmethod
-    def from_terms(cls, bytes_moved: float, bandwidth: float, flops: float, peak: float) -> "StepBound":
-        memory_s, compute_s = bytes_moved / bandwidth, flops / peak
-        return cls(memory_s=memory_s, compute_s=compute_s, bound_s=max(memory_s, compute_s),
-                   binding="compute" if compute_s >= memory_s else "memory",
-                   bytes_moved=bytes_moved, flops=flops)
-
-
-def prefill_flops(model: ModelConfig, tokens: int) -> int:
-    """FLOPs of a prefill of ``tokens`` positions, simplified form: 2*N_matmul*t + 2*L*d*t^2.
-
-    Raises: ValueError for a non-positive ``tokens``."""
-    model = instance("model", model, ModelConfig)
+def prefill_flops(config: ModelConfig, tokens: int) -> int:
+    """FLOPs of a prefill of ``tokens`` positions, simplified form: 2*N_matmul*t + 2*L*d*t^2
+    (``docs/roofline.md#prefill-time``). Raises: ValueError for a non-positive ``tokens``."""
+    config = instance("config", config, ModelConfig)
     t = positive_integer("tokens", tokens)
-    return 2 * n_matmul(model) * t + 2 * model.n_layers * model.d_model * t * t
+    return 2 * n_matmul(config) * t + 2 * config.n_layers * config.d_model * t * t
 
 
-def prefill_time(model: ModelConfig, device, tokens: int, mfu: float = 0.5,
-                 weight_bytes: float | None = None) -> float:
-    """Bound on prefill time (time to first token) in seconds.
+def prefill_time(config: ModelConfig, device, tokens: int, mfu: float = 0.5) -> float:
+    """Bound on prefill time (time to first token) in seconds (``docs/roofline.md#prefill-time``):
 
-    (2*N_matmul*t + 2*L*d*t^2) / (mfu * peak). If ``weight_bytes`` is given the bound also
-    cannot be below one read of the weights: max(that, weight_bytes / bandwidth); by default
-    (None) it is the spec's compute-only formula.
+        (2*N_matmul*t + 2*L*d*t^2) / (mfu * peak_flops)
+
+    Prefill is compute-bound (thousands of positions per weight read), so the bound divides
+    by compute alone. The Lab 1 exercise of the same name takes the same arguments.
 
     Args:
-        model: a ModelConfig. device: an Accelerator or a name in ``hardware.DEVICES``.
+        config: a ModelConfig. device: a ``hardware.Device`` or a name in ``hardware.DEVICES``.
         tokens: prompt positions t (> 0). mfu: model FLOP utilisation in (0, 1].
+    Returns: seconds (a float).
     Raises:
-        ValueError: bad model/device, tokens <= 0, mfu outside (0, 1], weight_bytes <= 0.
+        ValueError: bad config/device, tokens <= 0, mfu outside (0, 1].
     """
     dev = _device("device", device)
     mfu = number("mfu", mfu, minimum=0, maximum=1, open_minimum=True)
-    seconds = prefill_flops(model, tokens) / (mfu * dev.peak_flops)
-    if weight_bytes is not None:
-        seconds = max(seconds, positive_number("weight_bytes", weight_bytes) / dev.bandwidth)
-    return seconds
+    return prefill_flops(config, tokens) / (mfu * dev.peak_flops)
 
 
-def decode_step_flops(model: ModelConfig, batch: int, context: float) -> float:
-    """FLOPs of one decode step: 2*N_matmul*batch + 4*L*d*batch*context."""
-    model = instance("model", model, ModelConfig)
+def decode_step_flops(config: ModelConfig, *, batch: int, context: float) -> float:
+    """FLOPs of one decode step: 2*N_matmul*batch + 4*L*d*batch*context
+    (``docs/roofline.md#decode-step-bound``)."""
+    config = instance("config", config, ModelConfig)
     b = positive_integer("batch", batch)
     c = positive_number("context", context)
-    return 2 * n_matmul(model) * b + 4 * model.n_layers * model.d_model * b * c
+    return 2 * n_matmul(config) * b + 4 * config.n_layers * config.d_model * b * c
 
 
-def decode_step_bound(model: ModelConfig, device, batch: int, context: float, kv_bytes_per_value=2,
-                      weight_bytes: float | None = None) -> StepBound:
-    """Bound on one decode step of ``batch`` sequences each at ``context`` cached positions.
+def decode_step(config: ModelConfig, device, *, batch: int, context: float, weight_bytes: float,
+                kv_bytes_per_value=2) -> StepBound:
+    """Both roofline terms of one decode step of ``batch`` sequences each at ``context`` cached
+    positions (``docs/roofline.md#decode-step-bound``), as a ``StepBound``:
 
-    memory = (weight_bytes + batch * kv_per_token * context) / bandwidth;
-    compute = (2*N_matmul*batch + 4*L*d*batch*context) / peak (no MFU: optimistic);
-    bound = max(memory, compute) (the weight read is shared, so max, not sum).
+        bytes   = weight_bytes + batch * kv_per_token * context   (the weight read is shared)
+        FLOPs   = 2*N_matmul*batch + 4*L*d*batch*context
+        bound_s = step_time(bytes, FLOPs, bandwidth, peak_flops)  (no MFU: optimistic)
 
     Args:
-        weight_bytes: bytes of the weight file; None -> ``default_weight_bytes(model)``
-            (5.5e9 for the case model). context may be fractional (an average).
+        config: a ModelConfig. device: a ``hardware.Device`` or a name in ``hardware.DEVICES``.
+        batch (int > 0), context (positions > 0, may be fractional: an average),
+        weight_bytes (bytes of the weight file, 5.5e9 for the case model), kv_bytes_per_value
+        (bytes of one cached K or V element, 2 for bf16): keyword-only.
     Returns: a StepBound (seconds). Raises: ValueError on non-positive sizes or bad types.
     """
-    model = instance("model", model, ModelConfig)
+    config = instance("config", config, ModelConfig)
     dev = _device("device", device)
     b = positive_integer("batch", batch)
     c = positive_number("context", context)
-    kv = kv_bytes_per_token(model, kv_bytes_per_value)
-    w = default_weight_bytes(model) if weight_bytes is None else positive_number("weight_bytes", weight_bytes)
-    return StepBound.from_terms(w + b * kv * c, dev.bandwidth, decode_step_flops(model, b, c), dev.peak_flops)
+    w = positive_number("weight_bytes", weight_bytes)
+    kv = kv_bytes_per_token(config, kv_bytes_per_value)
+    return StepBound.from_terms(bytes_moved=w + b * kv * c, flops=decode_step_flops(config, batch=b, context=c),
+                                bandwidth=dev.bandwidth, peak_flops=dev.peak_flops)
 
 
-def requests_that_fit(model: ModelConfig, device, prompt_tokens: int, output_tokens: int,
-                      overhead_gb: float = 2.5, weight_bytes: float | None = None, kv_bytes_per_value=2) -> int:
-    """Full-length requests whose KV cache fits at once (COURSE_SPEC "Lab 1", capacity planning):
-    floor(free / (kv_per_token * (prompt + output))) with free = capacity - weights - overhead,
-    all in decimal bytes (1 GB = 1e9); 0 when the weights and overhead leave nothing.
+def decode_step_bound(config: ModelConfig, device, *, batch: int, context: float, weight_bytes: float,
+                      kv_bytes_per_value=2) -> float:
+    """Bound on one decode step in seconds: ``decode_step(...).bound_s``, the larger of the
+    memory time and the compute time (``docs/roofline.md#decode-step-bound``). The Lab 1
+    exercise of the same name takes the same arguments and returns the same float.
+
+    Raises: ValueError as ``decode_step``."""
+    return decode_step(config, device, batch=batch, context=context, weight_bytes=weight_bytes,
+                       kv_bytes_per_value=kv_bytes_per_value).bound_s
+
+
+def requests_that_fit(config: ModelConfig, device, *, weight_bytes: float, prompt_tokens: int,
+                      output_tokens: int, overhead_gb: float = 2.5, kv_bytes_per_value=2) -> int:
+    """Full-length requests whose KV cache fits at once (``docs/roofline.md#capacity``):
+
+        free = device.memory - weight_bytes - overhead_gb * 1e9          (bytes)
+        fit  = floor(free / (kv_per_token * (prompt_tokens + output_tokens))), 0 when free <= 0
+
+    The runtime overhead is a planning figure in decimal GB (2.5 GB; 1 GB = 1e9 bytes, not
+    GiB). The Lab 1 exercise of the same name takes the same arguments.
 
     Args:
-        weight_bytes: None -> ``default_weight_bytes(model)``. overhead_gb: decimal GB (>= 0).
+        config: a ModelConfig. device: a ``hardware.Device`` or a name in ``hardware.DEVICES``.
+        weight_bytes (bytes > 0), prompt_tokens and output_tokens (ints > 0), overhead_gb
+        (decimal GB >= 0), kv_bytes_per_value (2 for a bf16 cache): keyword-only.
     Returns: an int >= 0. Raises: ValueError on non-positive sizes or a negative overhead."""
-    model = instance("model", model, ModelConfig)
+    config = instance("config", config, ModelConfig)
     dev = _device("device", device)
     prompt = positive_integer("prompt_tokens", prompt_tokens)
     output = positive_integer("output_tokens", output_tokens)
     overhead = nonnegative_number("overhead_gb", overhead_gb)
-    w = default_weight_bytes(model) if weight_bytes is None else positive_number("weight_bytes", weight_bytes)
-    free = dev.capacity_bytes - w - overhead * 1e9
-    return max(0, math.floor(free / (kv_bytes_per_token(model, kv_bytes_per_value) * (prompt + output))))
+    w = positive_number("weight_bytes", weight_bytes)
+    free = dev.memory - w - overhead * 1e9
+    return max(0, math.floor(free / (kv_bytes_per_token(config, kv_bytes_per_value) * (prompt + output))))
 
 
-def capacity_table(model: ModelConfig | None = None, devices=None, prompt_tokens: int = 4000,
+def capacity_table(config: ModelConfig | None = None, devices=None, *, prompt_tokens: int = 4000,
                    output_tokens: int = 2000, overhead_gb: float = 2.5, mfu: float = 0.5,
                    weight_bytes: float | None = None, kv_bytes_per_value=2):
-    """Per-device serving bounds for full-length requests, as a pandas DataFrame.
+    """Per-device serving bounds for full-length requests, as a pandas DataFrame
+    (``docs/roofline.md#capacity-table``).
 
     Columns ``device, free_gb, batch, ttft_s, solo_tok_s, batch_tok_s``:
-    - free_gb = capacity - weights - overhead (decimal GB; negative if the weights don't fit);
-    - batch = floor(free / (kv_per_token * (prompt + output))), 0 if nothing fits;
+    - free_gb = memory - weights - overhead (decimal GB; negative if the weights don't fit);
+    - batch = ``requests_that_fit``, 0 if nothing fits;
     - ttft_s = prefill_time(prompt) at ``mfu``;
     - decode context = prompt + output / 2 (the mean over a request's output);
     - solo_tok_s = 1 / step(batch 1); batch_tok_s = batch / step(max(1, batch)) (0 if batch 0).
 
     Args:
-        model: defaults to ``case_model()``. devices: Accelerators or names (default the five
+        config: defaults to ``case_model()``. devices: ``Device``s or names (default the five
             ``REFERENCE_DEVICES``). weight_bytes: override (e.g. 2 * N for all-bf16); None ->
-            ``default_weight_bytes(model)``.
+            ``default_weight_bytes(config)``. The rest keyword-only, as ``requests_that_fit``.
     Raises: ValueError on non-positive sizes, negative overhead, mfu outside (0, 1], empty devices.
     """
     import pandas as pd
 
-    model = case_model() if model is None else instance("model", model, ModelConfig)
+    config = case_model() if config is None else instance("config", config, ModelConfig)
     if devices is None:
         devs = list(REFERENCE_DEVICES.values())
     else:
@@ -253,23 +310,26 @@ def capacity_table(model: ModelConfig | None = None, devices=None, prompt_tokens
     output = positive_integer("output_tokens", output_tokens)
     overhead = nonnegative_number("overhead_gb", overhead_gb)
     mfu = number("mfu", mfu, minimum=0, maximum=1, open_minimum=True)
-    w = default_weight_bytes(model) if weight_bytes is None else positive_number("weight_bytes", weight_bytes)
+    w = default_weight_bytes(config) if weight_bytes is None else positive_number("weight_bytes", weight_bytes)
     context = prompt + output / 2
+    sizes = dict(weight_bytes=w, kv_bytes_per_value=kv_bytes_per_value)
     rows = []
     for dev in devs:
-        free = dev.capacity_bytes - w - overhead * 1e9
-        batch = requests_that_fit(model, dev, prompt, output, overhead, w, kv_bytes_per_value)
-        solo = decode_step_bound(model, dev, 1, context, kv_bytes_per_value, w).bound_s
-        full = decode_step_bound(model, dev, max(1, batch), context, kv_bytes_per_value, w).bound_s
+        free = dev.memory - w - overhead * 1e9
+        batch = requests_that_fit(config, dev, prompt_tokens=prompt, output_tokens=output, overhead_gb=overhead,
+                                  **sizes)
+        solo = decode_step_bound(config, dev, batch=1, context=context, **sizes)
+        full = decode_step_bound(config, dev, batch=max(1, batch), context=context, **sizes)
         rows.append({"device": dev.name, "free_gb": free / 1e9, "batch": batch,
-                     "ttft_s": prefill_time(model, dev, prompt, mfu), "solo_tok_s": 1 / solo,
+                     "ttft_s": prefill_time(config, dev, prompt, mfu), "solo_tok_s": 1 / solo,
                      "batch_tok_s": batch / full})
     return pd.DataFrame(rows, columns=["device", "free_gb", "batch", "ttft_s", "solo_tok_s", "batch_tok_s"])
 
 
-# -- per-token cost calculator (the spec's 70B example) ------------------------------------
+# -- per-token cost calculator (the 70B example) -------------------------------------------
 def weight_bytes_for_format(n_params: int, fmt: str) -> float:
-    """Weight bytes of ``n_params`` weights stored as ``fmt``: n_params * bits / 8.
+    """Weight bytes of ``n_params`` weights stored as ``fmt``: n_params * bits / 8
+    (``docs/roofline.md#cost-calculator``).
 
     Formats (``FORMAT_BITS``): "bf16" 16, "fp8" 8, "int4-g128" 4.15 bits/weight. For 70e9
     parameters: 140.0 GB, 70.0 GB, 36.3125 GB. Returns a float (bytes).
@@ -281,12 +341,13 @@ def weight_bytes_for_format(n_params: int, fmt: str) -> float:
     return n * FORMAT_BITS[fmt] / 8
 
 
-def kv_bytes_per_sequence(n_layers: int, n_kv_heads: int, head_dim: int, context: int,
+def kv_bytes_per_sequence(*, n_layers: int, n_kv_heads: int, head_dim: int, context: int,
                           bytes_per_value: int | float = 2):
-    """KV bytes of one sequence: 2 * L * n_kv * d_head * bytes_per_value * context.
+    """KV bytes of one sequence: 2 * L * n_kv * d_head * bytes_per_value * context
+    (``docs/roofline.md#cost-calculator``).
 
     80 layers, 8 KV heads of 128, 2,048 positions, bf16 -> 671,088,640 bytes. Exact int for
-    an int ``bytes_per_value``. Raises: ValueError on non-positive sizes."""
+    an int ``bytes_per_value``. Arguments keyword-only. Raises: ValueError on non-positive sizes."""
     for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
                     ("context", context)):
         positive_integer(name, v)
@@ -294,17 +355,21 @@ def kv_bytes_per_sequence(n_layers: int, n_kv_heads: int, head_dim: int, context
     return 2 * n_layers * n_kv_heads * head_dim * bytes_per_value * context
 
 
-def step_time_bound(weight_bytes: float, n_params: int, batch: int, kv_bytes_per_sequence: float,
+def step_time_bound(*, weight_bytes: float, n_params: int, batch: int, kv_bytes_per_sequence: float,
                     bandwidth: float, peak_flops: float, positions_per_sequence: int = 1) -> StepBound:
-    """Bound on one target-model step (the 70B calculator's simplified form).
+    """Bound on one target-model step, the 70B calculator's simplified form
+    (``docs/roofline.md#cost-calculator``):
 
-    memory = (weight_bytes + batch * kv_bytes_per_sequence) / bandwidth;
-    compute = 2 * n_params * batch * positions_per_sequence / peak_flops; bound = max.
+        bytes = weight_bytes + batch * kv_bytes_per_sequence
+        FLOPs = 2 * n_params * batch * positions_per_sequence
+        bound = step_time(bytes, FLOPs, bandwidth, peak_flops)
 
-    Args:
+    Args (keyword-only):
+        weight_bytes: bytes of the weights. n_params: parameters N. batch: sequences (int > 0).
+        kv_bytes_per_sequence: bytes of one sequence's cache; may be 0 (weights-only floor).
         bandwidth: bytes/s (3.0 TB/s -> 3.0e12). peak_flops: FLOP/s (1,000 TFLOP/s -> 1e15).
-        kv_bytes_per_sequence: may be 0 (weights-only floor).
         positions_per_sequence: positions scored per sequence (gamma + 1 when verifying).
+    Returns: a StepBound (seconds).
     Raises: ValueError on non-positive sizes (negative KV bytes).
     """
     w = positive_number("weight_bytes", weight_bytes)
@@ -314,62 +379,29 @@ def step_time_bound(weight_bytes: float, n_params: int, batch: int, kv_bytes_per
     bw = positive_number("bandwidth", bandwidth)
     peak = positive_number("peak_flops", peak_flops)
     p = positive_integer("positions_per_sequence", positions_per_sequence)
-    return StepBound.from_terms(w + b * kv, bw, 2 * n * b * p, peak)
+    return StepBound.from_terms(bytes_moved=w + b * kv, flops=2 * n * b * p, bandwidth=bw, peak_flops=peak)
 
 
-def verification_cost_ratio(weight_bytes: float, n_params: int, batch: int, kv_bytes_per_sequence: float,
-                            bandwidth: float, peak_flops: float, gamma: int) -> float:
-    """Cost of a target step scoring gamma + 1 positions per sequence relative to a plain
-    one-position step: bound(positions = gamma + 1) / bound(positions = 1). 1.0 while both
-    are memory-bound; grows towards gamma + 1 once compute binds.
-    Raises: ValueError on bad sizes or a negative ``gamma``."""
-    g = nonnegative_integer("gamma", gamma)
-    args = (weight_bytes, n_params, batch, kv_bytes_per_sequence, bandwidth, peak_flops)
-    return step_time_bound(*args, positions_per_sequence=g + 1).bound_s / step_time_bound(*args).bound_s
-
-
-def expected_tokens_per_step(alpha: float, gamma: int) -> float:
-    """Expected tokens emitted per target step with gamma drafted tokens, each accepted with
-    probability alpha independently: (1 - alpha^(gamma+1)) / (1 - alpha); gamma + 1 at alpha 1.
-    Raises: ValueError for alpha outside [0, 1] or a negative gamma."""
-    number("alpha", alpha, minimum=0, maximum=1)
-    g = nonnegative_integer("gamma", gamma)
-    if alpha == 1:
-        return float(g + 1)
-    return (1 - alpha ** (g + 1)) / (1 - alpha)
-
-
-def speculative_speedup(alpha: float, gamma: int, verification_ratio: float = 1.0,
-                        draft_cost: float = 0.0) -> float:
-    """Bound on speculative decoding's speedup over plain decoding:
-    expected_tokens_per_step(alpha, gamma) / (gamma * draft_cost + verification_ratio),
-    where verification_ratio (from ``verification_cost_ratio``) replaces the classic 1 and
-    draft_cost is one draft step's time relative to a plain target step (0: free draft).
-    Raises: ValueError for a non-positive verification_ratio or a negative draft_cost."""
-    e = expected_tokens_per_step(alpha, gamma)
-    r = positive_number("verification_ratio", verification_ratio)
-    c = nonnegative_number("draft_cost", draft_cost)
-    return e / (gamma * c + r)
-
-
-def smallest_compute_bound_batch(weight_bytes: float, n_params: int, kv_bytes_per_sequence: float,
+def smallest_compute_bound_batch(*, weight_bytes: float, n_params: int, kv_bytes_per_sequence: float,
                                  bandwidth: float, peak_flops: float,
                                  positions_per_sequence: int = 1) -> int | None:
-    """Smallest batch at which ``step_time_bound`` is compute-bound (compute_s >= memory_s).
+    """Smallest batch at which ``step_time_bound`` is compute-bound (compute_s >= memory_s)
+    (``docs/roofline.md#compute-bound-batch``).
 
     Solves batch * (2*N*P/peak - KV/bandwidth) >= weight_bytes / bandwidth. Returns None when
     the per-sequence KV read grows at least as fast as per-sequence compute (the step never
     turns compute-bound, e.g. 70B bf16 with a 2,048-position bf16 cache at P = 1).
+    Arguments keyword-only, as ``step_time_bound`` (without ``batch``).
     Raises: ValueError on bad sizes."""
-    args = (weight_bytes, n_params)
-    step_time_bound(*args, 1, kv_bytes_per_sequence, bandwidth, peak_flops, positions_per_sequence)
+    terms = dict(weight_bytes=weight_bytes, n_params=n_params, kv_bytes_per_sequence=kv_bytes_per_sequence,
+                 bandwidth=bandwidth, peak_flops=peak_flops, positions_per_sequence=positions_per_sequence)
+    step_time_bound(batch=1, **terms)   # validates every argument
     slope = 2 * n_params * positions_per_sequence / peak_flops - kv_bytes_per_sequence / bandwidth
     if slope <= 0:
         return None
 
     def is_compute(b: int) -> bool:
-        s = step_time_bound(*args, b, kv_bytes_per_sequence, bandwidth, peak_flops, positions_per_sequence)
-        return s.binding == "compute"
+        return step_time_bound(batch=b, **terms).binding == "compute"
 
     batch = max(1, math.ceil((weight_bytes / bandwidth) / slope))
     while batch > 1 and is_compute(batch - 1):  # guard against float rounding in the ceil
@@ -419,7 +451,7 @@ def measure_matmul(d: int = 4096, batches=DEFAULT_BATCHES, warmup: int = 2, repe
     around one ``torch.mm`` into a preallocated output); the median is kept. Derived columns:
     flops = 2*d*d*B; bytes = b*(d*d + d*B + d*B) (one read of each input, one write of the
     output, b bytes per element); intensity = flops / bytes (FLOP/byte); gflop_s and gb_s are
-    flops and bytes per median second / 1e9. Source: COURSE_SPEC "Lab 1" (CPU measurement).
+    flops and bytes per median second / 1e9 (``docs/roofline.md#cpu-measurement``).
 
     Pick ``d`` so that W (4*d*d bytes in float32) is larger than the last-level cache, or
     B = 1 measures the cache rather than DRAM: the default d = 4096 is 64 MiB of float32.
@@ -497,7 +529,7 @@ class MeasuredRoof:
 
 def estimate_roof(measurements) -> MeasuredRoof:
     """Bandwidth from the first row (B = 1: one pass over W, memory-bound) and peak compute
-    from the last row (largest B) of a ``measure_matmul`` table (COURSE_SPEC "Lab 1").
+    from the last row (largest B) of a ``measure_matmul`` table (``docs/roofline.md#cpu-measurement``).
 
     Raises: ValueError if the table lacks the columns ``gb_s`` and ``gflop_s`` or is empty."""
     cols = getattr(measurements, "columns", ())

@@ -414,5 +414,5 @@ def test_verified_cache_files_are_shared_with_other_users(tmp_path):
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"x")
     weights.chmod(0o600)
-    artifacts._share(tmp_path)
+    artifacts.make_readable(tmp_path)
     assert weights.stat().st_mode & 0o777 == 0o644

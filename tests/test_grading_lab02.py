@@ -135,7 +135,7 @@ def test_rope_accepts_any_correct_float32_formula():
         return torch.cat([x1 * a.cos() - x2 * a.sin(), x2 * a.cos() + x1 * a.sin()], -1)
     for seed in range(10):
         lab02.check_apply_rope(literal, seed, cases=8)
-        lab02.check_apply_rope(lambda x, p, t: lab02._rope64(x, p, t).float(), seed, cases=8)
+        lab02.check_apply_rope(lambda x, p, t: lab02.rope_float64(x, p, t).float(), seed, cases=8)
 
 
 def test_mutating_the_inputs_a_checker_reads_does_not_pass():

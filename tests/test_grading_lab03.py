@@ -28,10 +28,8 @@ MORE_FAULTS = {
                             "context = sum(decodes)", "cached positions left out of the bytes"),
     "goodput strict <": ("serving_metrics", "t <= targets[0] and (len(g) == 0 or g.max() <= targets[1])",
                          "t < targets[0] and (len(g) == 0 or g.max() < targets[1])", "strict < instead of <="),
-    "admission against all memory": ("schedule_step", "> 0.99 * device.memory", "> device.memory",
-                                     "instead of 0.99"),
-    "evict at exactly full": ("schedule_step", "* device.kv > device.memory:", "* device.kv >= device.memory:",
-                              "exactly fill memory"),
+    "admission against the whole KV budget": ("schedule_step", "> 0.99 * kv_budget", "> kv_budget", "instead of 0.99"),
+    "evict at exactly full": ("schedule_step", "* kv > kv_budget:", "* kv >= kv_budget:", "exactly fill the KV budget"),
 }
 _CHECKER = {"iteration_time": lab03.check_iteration_time, "schedule_step": lab03.check_schedule_step,
             "serving_metrics": lab03.check_serving_metrics, "find_capacity": lab03.check_find_capacity}
@@ -65,7 +63,7 @@ def test_more_faults_fail_with_their_symptom(fault, seed):
 
 
 def test_reference_figures_of_the_solution():
-    d = scheduling.Device()
+    d = scheduling.Deployment()
     assert round(ref.iteration_time([], [(4000, 0)], d), 3) == 0.923
     assert round(ref.iteration_time([5000] * 18, [], d) * 1e3, 2) == 18.77
     assert round(ref.iteration_time([5000] * 17, [(512, 0)], d) * 1e3, 2) == 116.04

@@ -469,7 +469,7 @@ def test_links_are_not_copied_and_control_characters_are_shown_escaped(tmp_path)
     os.mkfifo(folder / "pipe")
     assert driver.links_and_special_files(folder) == ["dir_link", "pipe", "shadow.txt"]
     import shutil
-    shutil.copytree(folder, tmp_path / "copy", ignore=driver._copy_ignoring_links)
+    shutil.copytree(folder, tmp_path / "copy", ignore=driver.copy_ignoring_links)
     assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == [f"{LAB}.ipynb", "notes.txt"]
     os.symlink(tmp_path / "copy" / f"{LAB}.ipynb", tmp_path / "linked.ipynb")
     (folder / f"{LAB}.ipynb").unlink()

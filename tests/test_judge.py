@@ -34,7 +34,7 @@ from course_lib.grading.lab03 import normalise_plan as _normalise_plan
 from course_lib.hardware import REFERENCE_DEVICES
 from course_lib.models.config import ModelConfig, toy_config
 from course_lib.models.decoder import Decoder
-from course_lib.scheduling import Device, Request, RequestRecord, StepPlan
+from course_lib.scheduling import Deployment, Request, RequestRecord, StepPlan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,7 +99,7 @@ VALUES = {
     "ndarray f8": np.linspace(0, 1, 5), "ndarray i4": np.arange(4, dtype=np.int32).reshape(2, 2),
     "ndarray bool": np.array([True, False]), "np.float64": np.float64(2.5), "np.float32": np.float32(0.1),
     "np.int64": np.int64(-9), "np.bool_": np.bool_(True),
-    "ModelConfig": toy_config(), "Accelerator": REFERENCE_DEVICES["24GB-1.0"], "Device": Device(),
+    "ModelConfig": toy_config(), "Device": REFERENCE_DEVICES["24GB-1.0"], "Deployment": Deployment(),
     "Request": Request(0.5, 12, 30), "RequestRecord": record(),
     "StepPlan": StepPlan(2, (3,), (0, 1), ((2, 16),)),
     "list of records": [record(), record(1.0, (2.0,))],
@@ -270,13 +270,13 @@ def test_wrong_dtype_shape_and_nan_are_left_to_the_contracts():
 
 
 def _tensor_node(**overrides):
-    node = {"$": "tensor", "dtype": "float32", "shape": [2], "data": remote._b64(b"\0" * 8)}
+    node = {"$": "tensor", "dtype": "float32", "shape": [2], "data": remote.encode_bytes(b"\0" * 8)}
     node.update(overrides)
     return node
 
 
 @pytest.mark.parametrize("node", [
-    _tensor_node(data="!!!not base64"), _tensor_node(data=remote._b64(b"\0" * 7)),
+    _tensor_node(data="!!!not base64"), _tensor_node(data=remote.encode_bytes(b"\0" * 7)),
     _tensor_node(shape=[2, -1]), _tensor_node(shape=[1 << 40]), _tensor_node(shape="2"),
     _tensor_node(dtype="complex64"), _tensor_node(dtype="object"), _tensor_node(extra=1),
     {"$": "ndarray", "dtype": "|O", "shape": [1], "data": "", "writeable": True},
@@ -296,7 +296,7 @@ def test_malformed_json_and_bool_bytes():
     with pytest.raises(remote.RemoteDataError):
         remote.decode_value("[" * 100000 + "]" * 100000)
     odd = remote.decode_value(remote.dumps({"$": "tensor", "dtype": "bool", "shape": [3],
-                                            "data": remote._b64(bytes([0, 1, 2]))}))
+                                            "data": remote.encode_bytes(bytes([0, 1, 2]))}))
     assert odd.tolist() == [False, True, True]
 
 
@@ -310,7 +310,7 @@ def test_no_code_carrying_format_is_used():
 
 # == the kernel-side call logic, in-process ======================================================
 def call_in_process(fn, *args, **kwargs):
-    """remote._call as the kernel runs it, with callbacks served by KernelSession._callback."""
+    """remote.answer_call as the kernel runs it, with callbacks served by KernelSession.answer_callback."""
     enc = remote.CallEncoder()
     request = json.loads(remote.dumps({"op": "call", "fn": "f", "args": [enc.encode(a) for a in args],
                                        "kwargs": [[k, enc.encode(v)] for k, v in kwargs.items()],
@@ -318,9 +318,9 @@ def call_in_process(fn, *args, **kwargs):
 
     def ask(message):
         message = json.loads(remote.dumps(message))
-        return json.loads(remote.dumps(judge.KernelSession._callback(message, enc.callbacks, enc.objects)))
+        return json.loads(remote.dumps(judge.KernelSession.answer_callback(message, enc.callbacks, enc.objects)))
 
-    answer = json.loads(remote.dumps(remote._call({"f": fn}, request, ask)))
+    answer = json.loads(remote.dumps(remote.answer_call({"f": fn}, request, ask)))
     decoder = remote.ResultDecoder(enc.objects)
     decoder.apply_state(answer["state"])
     return answer, (decoder.decode(answer["value"]) if answer["op"] == "returned" else None)
@@ -381,7 +381,7 @@ def test_only_allowed_arguments_are_written_back():
     enc = remote.CallEncoder()
     request = json.loads(remote.dumps({"op": "call", "fn": "f", "args": [enc.encode(given), enc.encode(cache)],
                                        "kwargs": [], "objects": enc.table, "grad": False}))
-    answer = json.loads(remote.dumps(remote._call({"f": f}, request, None)))
+    answer = json.loads(remote.dumps(remote.answer_call({"f": f}, request, None)))
     decoder = remote.ResultDecoder(enc.objects)
     copies = decoder.apply_state(answer["state"], allowed={1})
     out = decoder.decode(answer["value"])
@@ -394,7 +394,7 @@ def test_a_learner_exception_is_reported_not_raised_in_the_harness():
         raise KeyError("no such key")
     answer, _ = call_in_process(boom, 1)
     assert answer["op"] == "raised" and answer["type"] == "KeyError"
-    exc = judge._learner_exception("f", answer["type"], answer["message"])
+    exc = judge.learner_exception("f", answer["type"], answer["message"])
     assert isinstance(exc, KeyError) and isinstance(exc, judge.LearnerRaised) and not isinstance(exc, ContractError)
     assert "f raised KeyError" in str(exc)
 
@@ -876,7 +876,7 @@ DIES_WHEN_JUDGED = """def dies(config):
     import sys
     frame = sys._getframe()
     while frame is not None:              # a learner who notices the judge and kills the kernel
-        if frame.f_code.co_name == "_call":
+        if frame.f_code.co_name == "answer_call":
             os._exit(1)
         frame = frame.f_back
     return count_parameters(config)

@@ -1,25 +1,31 @@
-"""Lab 1 roofline library: the spec's reference figures (COURSE_SPEC.md "Lab 1: roofline").
+"""Lab 1 roofline library and the speculative-decoding bounds: the reference figures of
+docs/roofline.md#reference-figures.
 
-Expected numbers are typed in from the spec (or hand arithmetic written out here), never
+Expected numbers are typed in from docs/roofline.md (or hand arithmetic written out here), never
 obtained by calling the code under test.
 """
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from course_lib import hardware, roofline
-from course_lib.hardware import DEVICES, REFERENCE_DEVICES, Accelerator
+from course_lib.hardware import DEVICES, REFERENCE_DEVICES, Device
 from course_lib.models import ModelConfig, smollm2_135m_config
 from course_lib.roofline import (
-    CASE_WEIGHT_BYTES, capacity_table, case_model, decode_attention_intensity, decode_step_bound,
-    expected_tokens_per_step, gemm_intensity, gemv_intensity, kv_bytes_per_sequence, kv_bytes_per_token,
-    n_matmul, prefill_time, serving_file_bytes, smallest_compute_bound_batch, speculative_speedup,
-    step_time_bound, verification_cost_ratio, weight_bytes_for_format,
+    CASE_WEIGHT_BYTES, capacity_table, case_model, decode_attention_intensity, decode_step, decode_step_bound,
+    gemm_intensity, gemv_intensity, kv_bytes_per_sequence, kv_bytes_per_token, n_matmul, prefill_time,
+    requests_that_fit, serving_file_bytes, smallest_compute_bound_batch, step_time, step_time_bound,
+    weight_bytes_for_format,
 )
+from course_lib.speculative import expected_tokens_per_step, speculative_speedup, verification_cost_ratio
 
 N_70B = 70_000_000_000
 BW_70B, PEAK_70B = 3.0e12, 1000e12
+#: The 70B model in bf16 on the 3.0 TB/s, 1,000 TFLOP/s device (docs/roofline.md#cost-calculator).
+BF16_70B = dict(n_params=N_70B, bandwidth=BW_70B, peak_flops=PEAK_70B)
+W = CASE_WEIGHT_BYTES
 
 
 def sig(x, digits):
@@ -34,11 +40,11 @@ def test_reference_devices_exact_figures():
     assert list(REFERENCE_DEVICES) == list(expected)
     for name, (cap, bw, tflops) in expected.items():
         d = REFERENCE_DEVICES[name]
-        assert (d.capacity_gb, d.bandwidth_tbps, d.dense_tflops) == (cap, bw, tflops)
+        assert (d.memory, d.bandwidth, d.peak_flops) == (cap * 1e9, bw * 1e12, tflops * 1e12)
         assert d.source
 
 
-def test_ridge_points_match_spec():
+def test_ridge_points_match_the_reference_figures():
     expected = {"24GB-1.0": 165.0, "24GB-0.3": 403.3, "48GB": 419.0, "80GB-2.039": 153.0, "80GB-3.35": 295.2}
     assert {k: round(d.ridge_point, 1) for k, d in REFERENCE_DEVICES.items()} == expected
 
@@ -46,28 +52,38 @@ def test_ridge_points_match_spec():
 def test_devices_include_vendor_gpus_dense_figures():
     assert set(DEVICES) == set(REFERENCE_DEVICES) | {"H100 SXM", "H200"}
     h100, h200 = DEVICES["H100 SXM"], DEVICES["H200"]
-    assert (h100.capacity_gb, h100.bandwidth_tbps, h100.dense_tflops) == (80, 3.35, 989)
-    assert (h200.capacity_gb, h200.bandwidth_tbps, h200.dense_tflops) == (141, 4.8, 989)
+    assert (h100.memory, h100.bandwidth, h100.peak_flops) == (80e9, 3.35e12, 989e12)
+    assert (h200.memory, h200.bandwidth, h200.peak_flops) == (141e9, 4.8e12, 989e12)
     assert "2026-11" in h100.source and "2026-11" in h200.source
 
 
-def test_accelerator_units_are_decimal():
+def test_device_holds_si_units_converted_from_the_datasheet():
     d = REFERENCE_DEVICES["24GB-1.0"]
-    assert d.capacity_bytes == 24e9  # decimal GB, not GiB
+    assert d.memory == 24e9  # decimal GB, not GiB
     assert d.bandwidth == 1e12
     assert d.peak_flops == 165e12
+    assert d == Device("24GB-1.0", 24e9, 1e12, 165e12, d.source)
+    assert Device.from_datasheet("x", 80, 3.35, 989) == Device("x", 80e9, 3.35e12, 989e12)
 
 
 @pytest.mark.parametrize("field, kwargs", [
-    ("capacity_gb", dict(capacity_gb=0, bandwidth_tbps=1, dense_tflops=1)),
-    ("bandwidth_tbps", dict(capacity_gb=1, bandwidth_tbps=-1, dense_tflops=1)),
-    ("dense_tflops", dict(capacity_gb=1, bandwidth_tbps=1, dense_tflops=float("nan"))),
+    ("memory", dict(memory=0, bandwidth=1, peak_flops=1)),
+    ("bandwidth", dict(memory=1, bandwidth=-1, peak_flops=1)),
+    ("peak_flops", dict(memory=1, bandwidth=1, peak_flops=float("nan"))),
 ])
-def test_accelerator_validation(field, kwargs):
-    with pytest.raises(ValueError, match=field):
-        Accelerator("x", **kwargs)
+def test_device_validation(field, kwargs):
+    with pytest.raises(ValueError, match=f"Device.{field}"):
+        Device("x", **kwargs)
     with pytest.raises(ValueError, match="name"):
-        Accelerator("", 1, 1, 1)
+        Device("", 1, 1, 1)
+
+
+@pytest.mark.parametrize("argument, figures", [
+    ("capacity_gb", (0, 1, 1)), ("bandwidth_tbps", (1, -1, 1)), ("dense_tflops", (1, 1, float("inf"))),
+])
+def test_from_datasheet_names_the_datasheet_argument(argument, figures):
+    with pytest.raises(ValueError, match=argument):
+        Device.from_datasheet("x", *figures)
 
 
 def test_get_device_by_name_and_unknown():
@@ -122,6 +138,23 @@ def test_model_accounting_errors():
 
 
 # -- time bounds ---------------------------------------------------------------------------
+# -- the roofline step time -----------------------------------------------------------------
+def test_step_time_is_the_max_of_memory_and_compute_time():
+    assert step_time(bytes_moved=2e9, flops=1e12, bandwidth=1e12, peak_flops=1e15) == 2e-3     # memory-bound
+    assert step_time(bytes_moved=2e9, flops=4e12, bandwidth=1e12, peak_flops=1e15) == 4e-3     # compute-bound
+    assert type(step_time(bytes_moved=1, flops=1, bandwidth=1, peak_flops=1)) is float
+
+
+def test_step_time_works_element_wise_on_arrays():
+    times = step_time(bytes_moved=np.array([2e9, 2e9]), flops=np.array([1e12, 4e12]), bandwidth=1e12, peak_flops=1e15)
+    assert isinstance(times, np.ndarray) and times.tolist() == [2e-3, 4e-3]
+
+
+def test_step_time_arguments_are_keyword_only():
+    with pytest.raises(TypeError):
+        step_time(2e9, 1e12, 1e12, 1e15)
+
+
 def test_prefill_time_case_on_24gb_1():
     # (2 * 8,927,875,072 * 4000 + 2 * 36 * 4096 * 4000^2) / (0.5 * 165e12)
     flops = 2 * 8_927_875_072 * 4000 + 2 * 36 * 4096 * 4000 ** 2
@@ -143,19 +176,26 @@ def test_prefill_time_errors():
         prefill_time(m, "no-such-device", 10)
 
 
+def test_decode_step_bound_case_batch1():
+    # docs/roofline.md#decode-step-bound: (5.5e9 + 5,000 * 147,456) / 1e12 = 6.23728 ms, memory-bound
+    t = decode_step_bound(case_model(), "24GB-1.0", batch=1, context=5000, weight_bytes=5.5e9)
+    assert type(t) is float and round(t * 1e3, 3) == 6.237
+
+
 def test_decode_step_bound_batch18_matches_lab3_reference():
     # Lab 3: 18 decodes at context 5,000 on the 24GB-1.0 device: 18.77 ms (memory-bound).
-    s = decode_step_bound(case_model(), "24GB-1.0", 18, 5000)
+    s = decode_step(case_model(), "24GB-1.0", batch=18, context=5000, weight_bytes=W)
     memory = (5.5e9 + 18 * 147_456 * 5000) / 1e12
     compute = (2 * 8_927_875_072 * 18 + 4 * 36 * 4096 * 18 * 5000) / 165e12
     assert s.memory_s == pytest.approx(memory, rel=1e-12)
     assert s.compute_s == pytest.approx(compute, rel=1e-12)
     assert s.bound_s == s.memory_s and s.binding == "memory"
     assert round(s.bound_s * 1e3, 2) == 18.77
+    assert decode_step_bound(case_model(), "24GB-1.0", batch=18, context=5000, weight_bytes=W) == s.bound_s
 
 
 def test_decode_step_bound_is_max_not_sum():
-    s = decode_step_bound(case_model(), "24GB-1.0", 4096, 5000)
+    s = decode_step(case_model(), "24GB-1.0", batch=4096, context=5000, weight_bytes=W)
     assert s.binding in ("memory", "compute")
     assert s.bound_s == max(s.memory_s, s.compute_s) < s.memory_s + s.compute_s
 
@@ -163,13 +203,23 @@ def test_decode_step_bound_is_max_not_sum():
 def test_decode_step_bound_errors():
     m = case_model()
     with pytest.raises(ValueError, match="batch"):
-        decode_step_bound(m, "24GB-1.0", 0, 10)
+        decode_step_bound(m, "24GB-1.0", batch=0, context=10, weight_bytes=W)
     with pytest.raises(ValueError, match="context"):
-        decode_step_bound(m, "24GB-1.0", 1, -5)
+        decode_step_bound(m, "24GB-1.0", batch=1, context=-5, weight_bytes=W)
     with pytest.raises(ValueError, match="weight_bytes"):
-        decode_step_bound(m, "24GB-1.0", 1, 5, weight_bytes=0)
+        decode_step_bound(m, "24GB-1.0", batch=1, context=5, weight_bytes=0)
     with pytest.raises(ValueError, match="bytes_per_value"):
-        decode_step_bound(m, "24GB-1.0", 1, 5, kv_bytes_per_value=0)
+        decode_step_bound(m, "24GB-1.0", batch=1, context=5, weight_bytes=W, kv_bytes_per_value=0)
+    with pytest.raises(TypeError):
+        decode_step_bound(m, "24GB-1.0", 1, 5, W)   # the numbers are keyword-only
+
+
+def test_requests_that_fit_case_on_24gb_1():
+    # docs/roofline.md#capacity: floor((24e9 - 5.5e9 - 2.5e9) / (147,456 * 6,000)) = floor(18.08) = 18
+    fit = dict(weight_bytes=5.5e9, prompt_tokens=4000, output_tokens=2000)
+    assert requests_that_fit(case_model(), "24GB-1.0", **fit) == 18
+    assert requests_that_fit(case_model(), "24GB-1.0", **fit, kv_bytes_per_value=1) == 36   # floor(36.17)
+    assert requests_that_fit(case_model(), "24GB-1.0", **{**fit, "weight_bytes": 30e9}) == 0
 
 
 # -- capacity table ------------------------------------------------------------------------
@@ -231,28 +281,29 @@ def test_capacity_table_errors():
 
 # -- 70B per-token cost calculator ---------------------------------------------------------
 def test_70b_kv_and_weights():
-    assert kv_bytes_per_sequence(80, 8, 128, 2048) == 671_088_640
+    assert kv_bytes_per_sequence(n_layers=80, n_kv_heads=8, head_dim=128, context=2048) == 671_088_640
     assert weight_bytes_for_format(N_70B, "bf16") / 1e9 == pytest.approx(140.0, abs=0)
     assert weight_bytes_for_format(N_70B, "fp8") / 1e9 == pytest.approx(70.0, abs=0)
     assert weight_bytes_for_format(N_70B, "int4-g128") / 1e9 == pytest.approx(36.3125, rel=1e-15)
 
 
 def test_70b_batch1_bounds_are_weight_streaming_floors():
-    # Spec: batch-1 bounds 46.667 / 23.333 / 12.104 ms. They equal weights / bandwidth, i.e. the
+    # docs/roofline.md: batch-1 bounds 46.667 / 23.333 / 12.104 ms. They equal weights / bandwidth, i.e. the
     # one sequence's 671 MB of KV is not in them (with it: 46.890 / 23.557 / 12.328 ms).
     for fmt, ms in (("bf16", 46.667), ("fp8", 23.333), ("int4-g128", 12.104)):
         w = weight_bytes_for_format(N_70B, fmt)
-        s = step_time_bound(w, N_70B, 1, 0, BW_70B, PEAK_70B)
+        s = step_time_bound(weight_bytes=w, **BF16_70B, batch=1, kv_bytes_per_sequence=0)
         assert round(s.bound_s * 1e3, 3) == ms and s.binding == "memory"
     for fmt, ms in (("bf16", 46.890), ("fp8", 23.557), ("int4-g128", 12.328)):
-        s = step_time_bound(weight_bytes_for_format(N_70B, fmt), N_70B, 1, 671_088_640, BW_70B, PEAK_70B)
+        s = step_time_bound(weight_bytes=weight_bytes_for_format(N_70B, fmt), **BF16_70B, batch=1,
+                            kv_bytes_per_sequence=671_088_640)
         assert round(s.bound_s * 1e3, 3) == ms
 
 
 def test_70b_batch32_bounds():
     for fmt, ms in (("bf16", 53.825), ("fp8", 30.492), ("int4-g128", 19.262)):
         w = weight_bytes_for_format(N_70B, fmt)
-        s = step_time_bound(w, N_70B, 32, 671_088_640, BW_70B, PEAK_70B)
+        s = step_time_bound(weight_bytes=w, **BF16_70B, batch=32, kv_bytes_per_sequence=671_088_640)
         assert round(s.bound_s * 1e3, 3) == ms
         assert s.binding == "memory"
         assert s.compute_s == pytest.approx(2 * 70e9 * 32 / 1e15)  # 4.48 ms
@@ -261,10 +312,11 @@ def test_70b_batch32_bounds():
 def test_verification_cost_and_speedup():
     w = weight_bytes_for_format(N_70B, "bf16")
     # batch 32, gamma 4: compute 2*70e9*32*5/1e15 = 22.4 ms < memory 53.825 ms -> ratio 1
-    assert verification_cost_ratio(w, N_70B, 32, 671_088_640, BW_70B, PEAK_70B, 4) == 1.0
+    assert verification_cost_ratio(weight_bytes=w, **BF16_70B, batch=32, kv_bytes_per_sequence=671_088_640,
+                                   gamma=4) == 1.0
     # int4 at batch 32: compute 22.4 ms vs memory 19.262 ms -> 22.4 / 19.26244549 = 1.16288
-    r = verification_cost_ratio(weight_bytes_for_format(N_70B, "int4-g128"), N_70B, 32, 671_088_640,
-                                BW_70B, PEAK_70B, 4)
+    r = verification_cost_ratio(weight_bytes=weight_bytes_for_format(N_70B, "int4-g128"), **BF16_70B, batch=32,
+                                kv_bytes_per_sequence=671_088_640, gamma=4)
     assert r == pytest.approx(22.4 / 19.26244549333, rel=1e-9)
     assert expected_tokens_per_step(1.0, 4) == 5.0
     assert expected_tokens_per_step(0.0, 4) == 1.0
@@ -278,14 +330,16 @@ def test_smallest_compute_bound_batch():
     kv = 671_088_640
     w = weight_bytes_for_format(N_70B, "bf16")
     # per sequence: compute 2*70e9/1e15 = 0.14 ms < KV read 671,088,640/3e12 = 0.2237 ms: never
-    assert smallest_compute_bound_batch(w, N_70B, kv, BW_70B, PEAK_70B) is None
+    served = dict(weight_bytes=w, **BF16_70B)
+    assert smallest_compute_bound_batch(**served, kv_bytes_per_sequence=kv) is None
     # 1-byte KV: 46.667 ms / (0.14 - 0.111848) ms = 1657.7 -> 1658
-    assert smallest_compute_bound_batch(w, N_70B, kv // 2, BW_70B, PEAK_70B) == 1658
+    assert smallest_compute_bound_batch(**served, kv_bytes_per_sequence=kv // 2) == 1658
     # verifying gamma+1 = 5 positions: 46.667 / (0.7 - 0.223696) = 97.98 -> 98
-    assert smallest_compute_bound_batch(w, N_70B, kv, BW_70B, PEAK_70B, positions_per_sequence=5) == 98
+    assert smallest_compute_bound_batch(**served, kv_bytes_per_sequence=kv, positions_per_sequence=5) == 98
     # the returned batch is the first one whose compute reaches memory
     for b, binding in ((97, "memory"), (98, "compute")):
-        assert step_time_bound(w, N_70B, b, kv, BW_70B, PEAK_70B, 5).binding == binding
+        s = step_time_bound(**served, batch=b, kv_bytes_per_sequence=kv, positions_per_sequence=5)
+        assert s.binding == binding
 
 
 def test_calculator_errors():
@@ -294,17 +348,19 @@ def test_calculator_errors():
     with pytest.raises(ValueError, match="n_params"):
         weight_bytes_for_format(0, "bf16")
     with pytest.raises(ValueError, match="batch"):
-        step_time_bound(1e9, N_70B, 0, 0, BW_70B, PEAK_70B)
+        step_time_bound(weight_bytes=1e9, **BF16_70B, batch=0, kv_bytes_per_sequence=0)
     with pytest.raises(ValueError, match="kv_bytes_per_sequence"):
-        step_time_bound(1e9, N_70B, 1, -1, BW_70B, PEAK_70B)
+        step_time_bound(weight_bytes=1e9, **BF16_70B, batch=1, kv_bytes_per_sequence=-1)
     with pytest.raises(ValueError, match="bandwidth"):
-        step_time_bound(1e9, N_70B, 1, 0, 0, PEAK_70B)
+        step_time_bound(weight_bytes=1e9, **{**BF16_70B, "bandwidth": 0}, batch=1, kv_bytes_per_sequence=0)
+    with pytest.raises(TypeError):
+        step_time_bound(1e9, N_70B, 1, 0, BW_70B, PEAK_70B)   # keyword-only
     with pytest.raises(ValueError, match="alpha"):
         expected_tokens_per_step(1.2, 4)
     with pytest.raises(ValueError, match="gamma"):
         expected_tokens_per_step(0.5, -1)
     with pytest.raises(ValueError, match="context"):
-        kv_bytes_per_sequence(80, 8, 128, 0)
+        kv_bytes_per_sequence(n_layers=80, n_kv_heads=8, head_dim=128, context=0)
     with pytest.raises(ValueError, match="verification_ratio"):
         speculative_speedup(0.5, 3, verification_ratio=0)
 
@@ -316,7 +372,7 @@ def test_intensities():
     # GEMM with B = 16 columns, bf16: 2*4096^2*16 / (2*(4096^2 + 2*4096*16))
     assert gemm_intensity(4096, 4096, 16, 2) == pytest.approx(268_435_456 / 16_908_288, rel=1e-15)
     assert gemm_intensity(64, 32, 1, 4) == pytest.approx(gemv_intensity(64, 32, 4))
-    assert decode_attention_intensity(4, 2) == 4.0  # spec: 4 FLOP/byte, 4 q heads per KV head, bf16
+    assert decode_attention_intensity(4, 2) == 4.0  # docs: 4 FLOP/byte, 4 q heads per KV head, bf16
 
 
 def test_intensity_errors():

@@ -408,8 +408,8 @@ def test_concurrent_sandboxes_get_their_own_uid():
 
 
 def test_refuses_without_sandbox_unless_unsafe_flag():
-    real_find = sb._find_tool
-    sb._find_tool = lambda name: None if name == "bwrap" else real_find(name)
+    real_find = sb.find_tool
+    sb.find_tool = lambda name: None if name == "bwrap" else real_find(name)
     try:
         ok, reason = sb.sandbox_status(refresh=True)
         assert not ok and "bwrap" in reason and sb.INSTALL_COMMAND in reason
@@ -433,7 +433,7 @@ def test_refuses_without_sandbox_unless_unsafe_flag():
         nb = client.execute()
         assert text_of(nb.cells[0]).strip() == str(os.getuid())
     finally:
-        sb._find_tool = real_find
+        sb.find_tool = real_find
         sb.sandbox_status(refresh=True)
 
 
@@ -445,13 +445,13 @@ def test_limits_validation_and_ensure_bwrap_advice():
     assert sb.SandboxLimits.from_dict({"cpu_seconds": 5}).cpu_seconds == 5
     with pytest.raises(sb.SandboxError, match="refusing to bind"):
         sb.default_ro_binds(extra=[REPO])  # would expose solutions/ and autograder/
-    real_find = sb._find_tool
-    sb._find_tool = lambda name: None
+    real_find = sb.find_tool
+    sb.find_tool = lambda name: None
     try:
         with pytest.raises(sb.SandboxUnavailableError, match="apt-get install -y bubblewrap"):
             sb.ensure_bwrap()
     finally:
-        sb._find_tool = real_find
+        sb.find_tool = real_find
 
 
 # --------------------------------------------------------------------------------------

@@ -15,22 +15,34 @@ import numpy as np
 import pytest
 
 import course_lib.scheduling.capacity_search as capacity_module
+from course_lib.hardware import DEVICES, REFERENCE_DEVICES, Device
 from course_lib.roofline import CASE_WEIGHT_BYTES, case_model, n_matmul
 from course_lib.scheduling import (
-    CHUNK_BUDGET, MAX_RUNNING, POLICIES, PROFILES, Device, Request, RequestRecord, RequestTooLargeError,
+    CHUNK_BUDGET, MAX_RUNNING, POLICIES, PROFILES, Deployment, Request, RequestRecord, RequestTooLargeError,
     StepPlan, admit, capacity, chunked_step, cost_per_million_tokens, evictions, iteration_time, make_workload,
     meets_targets, metrics, plan_chunks, run_reference, run_trace, run_with_step, simulate,
 )
 
 APPROX = dict(rel=1e-12, abs=1e-12)
 
-# A small device whose times are easy to write out: kv = 1 byte per token, so memory is a
-# token count; time = max((1000 + context) / 1000, (2 * positions + 4 * attention) / 10000).
+# The default deployment: the case model on 24GB-1.0 at 50 % MFU, 16e9 B of KV budget.
+CASE = Deployment()
+
+
+def small(kv_budget: float, *, bandwidth: float, peak_flops: float, **model) -> Deployment:
+    """A deployment on a small device with just the memory its weights and KV budget take, used at
+    full peak (mfu 1); ``model``: n_matmul, n_layers, d_model, kv_bytes_per_token, weight_bytes."""
+    device = Device("small", memory=model["weight_bytes"] + kv_budget, bandwidth=bandwidth, peak_flops=peak_flops)
+    return Deployment(device=device, mfu=1.0, kv_budget=kv_budget, **model)
+
+
+# A small deployment whose times are easy to write out: 1 KV byte per token, so the KV budget is
+# a token count; time = max((1000 + context) / 1000, (2 * positions + 4 * attention) / 10000).
 # Decodes (one-position chunks (1, c): attention c + 1, context c) are memory-bound on their
 # own, long prefill chunks compute-bound.
-def tiny(memory: float) -> Device:
-    return Device(memory=memory, bandwidth=1000.0, compute=10000.0, kv=1, n_matmul=1, n_layers=1, d_model=1,
-                  weights=1000.0)
+def tiny(kv_budget: float) -> Deployment:
+    return small(kv_budget, bandwidth=1000.0, peak_flops=10000.0, kv_bytes_per_token=1, n_matmul=1, n_layers=1,
+                 d_model=1, weight_bytes=1000.0)
 
 
 def times_of(records):
@@ -45,51 +57,56 @@ def assert_times(records, expected):
 
 
 # -- cost model ------------------------------------------------------------------------------
-def test_device_defaults_are_the_case_model():
-    d = Device()
-    assert (d.memory, d.bandwidth, d.compute, d.kv) == (16e9, 1e12, 0.5 * 165e12, 147_456)
-    assert (d.n_matmul, d.n_layers, d.d_model, d.weights) == (8_927_875_072, 36, 4096, 5.5e9)
-    # and they are the roofline module's case model, not retyped copies
-    assert d.n_matmul == n_matmul(case_model()) and d.weights == CASE_WEIGHT_BYTES
+def test_deployment_defaults_are_the_case_model_on_24gb_1():
+    d = Deployment()
+    assert d.device is REFERENCE_DEVICES["24GB-1.0"] and d.mfu == 0.5
+    assert (d.kv_budget, d.device.bandwidth, d.usable_flops, d.kv_bytes_per_token) == (16e9, 1e12, 0.5 * 165e12,
+                                                                                       147_456)
+    assert (d.n_matmul, d.n_layers, d.d_model, d.weight_bytes) == (8_927_875_072, 36, 4096, 5.5e9)
+    # and they are the roofline module's case model and Lab 1's free memory, not retyped copies
+    assert d.n_matmul == n_matmul(case_model()) and d.weight_bytes == CASE_WEIGHT_BYTES
+    assert d.kv_budget == d.device.memory - d.weight_bytes - 2.5e9
     assert d.kv_tokens == 108_506  # floor(16e9 / 147456)
 
 
 def test_profiles_match_the_lab():
     assert list(PROFILES) == ["24GB-bf16", "24GB-int8", "H100-bf16", "L4-bf16"]
     base = PROFILES["24GB-bf16"]
-    assert base.device == Device() and base.dollars_per_hour == 1.00
+    assert base.deployment == Deployment() and base.dollars_per_hour == 1.00
     int8 = PROFILES["24GB-int8"]
-    assert int8.device.kv == 73_728 and int8.dollars_per_hour == 1.00 and int8.device.memory == 16e9
-    h100 = PROFILES["H100-bf16"].device
-    assert (h100.memory, h100.bandwidth, h100.compute) == (72e9, 3.35e12, 0.5 * 989e12)
+    assert int8.deployment.kv_bytes_per_token == 73_728 and int8.dollars_per_hour == 1.00
+    assert int8.deployment.kv_budget == 16e9
+    h100 = PROFILES["H100-bf16"].deployment
+    assert h100.device is DEVICES["H100 SXM"]
+    assert (h100.kv_budget, h100.device.bandwidth, h100.usable_flops) == (72e9, 3.35e12, 0.5 * 989e12)
     assert PROFILES["H100-bf16"].dollars_per_hour == 2.50
-    l4 = PROFILES["L4-bf16"].device
-    assert (l4.memory, l4.bandwidth, l4.compute, l4.kv) == (16e9, 0.30e12, 0.5 * 121e12, 147_456)
+    l4 = PROFILES["L4-bf16"].deployment
+    assert l4.device is REFERENCE_DEVICES["24GB-0.3"]
+    assert (l4.kv_budget, l4.device.bandwidth, l4.usable_flops, l4.kv_bytes_per_token) == (16e9, 0.30e12,
+                                                                                           0.5 * 121e12, 147_456)
     assert PROFILES["L4-bf16"].dollars_per_hour == 0.80
 
 
 def test_reference_figures_of_the_cost_model():
-    assert round(iteration_time([], [(4000, 0)]), 3) == 0.923
-    assert round(iteration_time([5000] * 18, []) * 1e3, 2) == 18.77
-    assert round(iteration_time([5000] * 17, [(512, 0)]) * 1e3, 2) == 116.04
-    assert round(iteration_time([5000] * 17, [(512, 2000)]) * 1e3, 2) == 123.36
-    assert round(iteration_time([5000] * 17, [(128, 0)]) * 1e3, 2) == 32.05
-    assert round(iteration_time([5000] * 17, [(128, 2000)]) * 1e3, 2) == 33.88
+    assert round(iteration_time([], [(4000, 0)], CASE), 3) == 0.923
+    assert round(iteration_time([5000] * 18, [], CASE) * 1e3, 2) == 18.77
+    assert round(iteration_time([5000] * 17, [(512, 0)], CASE) * 1e3, 2) == 116.04
+    assert round(iteration_time([5000] * 17, [(512, 2000)], CASE) * 1e3, 2) == 123.36
+    assert round(iteration_time([5000] * 17, [(128, 0)], CASE) * 1e3, 2) == 32.05
+    assert round(iteration_time([5000] * 17, [(128, 2000)], CASE) * 1e3, 2) == 33.88
 
 
 def test_reference_figures_hold_with_decodes_as_one_position_chunks():
     # The continuous policies run a decode as a chunk (1, c): one more attention pair, the same
     # bytes (KV/token * its cached length c). Every figure keeps its rounded value.
     decodes = [(1, 5000)] * 17
-    assert round(iteration_time([], [(1, 5000)] * 18) * 1e3, 2) == 18.77   # memory-bound: bytes unchanged
-    assert iteration_time([], [(1, 5000)] * 18) == iteration_time([5000] * 18, [])
+    assert round(iteration_time([], [(1, 5000)] * 18, CASE) * 1e3, 2) == 18.77   # memory-bound: bytes unchanged
+    assert iteration_time([], [(1, 5000)] * 18, CASE) == iteration_time([5000] * 18, [], CASE)
     for chunk, figure in [((512, 0), 116.04), ((512, 2000), 123.36), ((128, 0), 32.05), ((128, 2000), 33.88)]:
-        assert round(iteration_time([], decodes + [chunk]) * 1e3, 2) == figure
+        assert round(iteration_time([], decodes + [chunk], CASE) * 1e3, 2) == figure
     # by hand: 17 more attention pairs, 4 * 36 * 4096 * 17 FLOPs at 0.5 * 165e12 FLOP/s
-    d = Device()
-    assert iteration_time([], decodes + [(512, 2000)]) - iteration_time([5000] * 17, [(512, 2000)]) == \
+    assert iteration_time([], decodes + [(512, 2000)], CASE) - iteration_time([5000] * 17, [(512, 2000)], CASE) == \
         pytest.approx(4 * 36 * 4096 * 17 / (0.5 * 165e12), rel=1e-6)
-    assert d.kv == 147_456
 
 
 def test_iteration_time_formula_by_hand():
@@ -110,16 +127,24 @@ def test_iteration_time_formula_by_hand():
 ])
 def test_iteration_time_rejects_bad_input(decodes, chunks, error):
     with pytest.raises(error):
-        iteration_time(decodes, chunks)
+        iteration_time(decodes, chunks, CASE)
 
 
-def test_iteration_time_rejects_bad_device():
-    with pytest.raises(TypeError, match="Device"):
-        iteration_time([1], [], device="24GB")
-    with pytest.raises(ValueError, match="memory"):
-        Device(memory=-1)
-    with pytest.raises(TypeError, match="kv"):
-        Device(kv="big")
+def test_iteration_time_rejects_bad_deployment():
+    with pytest.raises(TypeError, match="Deployment"):
+        iteration_time([1], [], deployment="24GB")
+    with pytest.raises(TypeError):
+        iteration_time([1], [])   # the deployment is required, as in the lab's exercise
+    with pytest.raises(ValueError, match="kv_budget"):
+        Deployment(kv_budget=-1)
+    with pytest.raises(TypeError, match="kv_bytes_per_token"):
+        Deployment(kv_bytes_per_token="big")
+    with pytest.raises(ValueError, match="mfu"):
+        Deployment(mfu=1.5)
+    with pytest.raises(TypeError, match="device"):
+        Deployment(device="24GB-1.0")
+    with pytest.raises(ValueError, match="exceed the memory"):
+        Deployment(kv_budget=20e9)   # 5.5e9 B of weights + 20e9 B > 24e9 B
 
 
 def test_cost_per_million_tokens():
@@ -422,9 +447,9 @@ def test_bad_traces():
     with pytest.raises(ValueError, match="output"):
         Request(0.0, 10, 4001)
     with pytest.raises(TypeError):
-        run_trace([Request(0.0, 10, 2)], "paged", device=3)
+        run_trace([Request(0.0, 10, 2)], "paged", deployment=3)
     with pytest.raises(ValueError, match="profile"):
-        run_trace([Request(0.0, 10, 2)], "paged", device="A100")
+        run_trace([Request(0.0, 10, 2)], "paged", deployment="A100")
 
 
 # -- the figures checked against an independent implementation -----------------------------------
@@ -438,8 +463,8 @@ def test_h100_capacity_is_2_196_nominal(monkeypatch):
     probes = []
     real = capacity_module.simulate
 
-    def spy(rate, policy, device, count):
-        result = real(rate, policy, device, count)
+    def spy(rate, policy, deployment, count):
+        result = real(rate, policy, deployment, count)
         probes.append((rate, meets_targets(result)))
         return result
 
@@ -476,16 +501,16 @@ def test_fast_matches_reference_on_seeded_workloads(policy, seed):
 def test_fast_matches_reference_with_preemptions_on_other_devices():
     # the 24GB-int8 and H100 profiles, and a small budget, at rates where preemption happens
     cases = [("24GB-int8", 1.0, 40, "chunked"), ("H100-bf16", 3.0, 40, "paged"), ("L4-bf16", 0.3, 30, "chunked"),
-             (Device(memory=2.5e9), 0.5, 30, "chunked"), (Device(memory=2.5e9), 0.5, 30, "paged"),
-             (Device(memory=2.5e9), 0.5, 30, "reserve"),
+             (Deployment(kv_budget=2.5e9), 0.5, 30, "chunked"), (Deployment(kv_budget=2.5e9), 0.5, 30, "paged"),
+             (Deployment(kv_budget=2.5e9), 0.5, 30, "reserve"),
              # float model sizes: the simulator's stretches take the per-iteration path
-             (Device(n_matmul=8.9e9, d_model=4096.0), 0.4, 20, "chunked")]
+             (Deployment(n_matmul=8.9e9, d_model=4096.0), 0.4, 20, "chunked")]
     total = 0
-    for device, rate, count, policy in cases:
-        device = PROFILES[device].device if isinstance(device, str) else device
+    for deployment, rate, count, policy in cases:
+        deployment = PROFILES[deployment].deployment if isinstance(deployment, str) else deployment
         reqs = make_workload(rate, count=count)
-        ref = run_reference(reqs, policy, device)
-        assert_identical(run_trace(reqs, policy, device), ref)
+        ref = run_reference(reqs, policy, deployment)
+        assert_identical(run_trace(reqs, policy, deployment), ref)
         total += sum(r.preemptions for r in ref)
     assert total > 100
 
@@ -502,7 +527,7 @@ def test_fast_matches_reference_on_the_full_workload(policy, rate):
 
 @pytest.mark.parametrize("memory", [1e7, 4e4])
 def test_fast_matches_reference_with_hundreds_of_decodes_in_the_budget(memory):
-    # 400 short requests in bursts on a tiny device: up to 256 run at once and dozens of them
+    # 400 short requests in bursts on a tiny deployment: up to 256 run at once and dozens of them
     # decode beside a prefill, so the prefill chunk is what the one-position chunks leave of the
     # 256 (the fast path's stretches take k = 256 - decodes); with 4e4 positions it preempts.
     rng = random.Random(2)
@@ -510,19 +535,19 @@ def test_fast_matches_reference_with_hundreds_of_decodes_in_the_budget(memory):
     for _ in range(400):
         arrival += rng.choice([0.0, 0.0, 0.01, 0.5])
         reqs.append(Request(arrival, rng.randint(1, 600), rng.randint(50, 400)))
-    device = Device(memory=memory, bandwidth=1e3, compute=1e5, kv=1, n_matmul=1, n_layers=1, d_model=1,
-                    weights=1000.0)
+    deployment = small(memory, bandwidth=1e3, peak_flops=1e5, kv_bytes_per_token=1, n_matmul=1, n_layers=1,
+                       d_model=1, weight_bytes=1000.0)
     most = 0
 
-    def spy(running, queue, device, **kw):
+    def spy(running, queue, deployment, **kw):
         nonlocal most
         most = max(most, sum(1 for filled, target in running if target - filled == 1))
-        return chunked_step(running, queue, device, **kw)
+        return chunked_step(running, queue, deployment, **kw)
 
-    ref = run_reference(reqs, "chunked", device)
-    assert_identical(run_trace(reqs, "chunked", device), ref)
-    assert_identical(run_with_step(reqs, device, step=spy), ref)
-    assert_identical(run_trace(reqs, "paged", device), run_reference(reqs, "paged", device))
+    ref = run_reference(reqs, "chunked", deployment)
+    assert_identical(run_trace(reqs, "chunked", deployment), ref)
+    assert_identical(run_with_step(reqs, deployment, step=spy), ref)
+    assert_identical(run_trace(reqs, "paged", deployment), run_reference(reqs, "paged", deployment))
     assert most > 80
     assert (sum(r.preemptions for r in ref) > 0) == (memory < 1e5)
 
@@ -540,22 +565,22 @@ def test_fast_matches_reference_on_random_tiny_devices():
     seen = {"preemptions": 0, "errors": 0, "runs": 0}
     for _ in range(80):
         kv = rng.choice([1, 3])
-        device = Device(memory=rng.randint(400, 5000) * kv * rng.choice([1, 1.0003]),
-                        bandwidth=rng.choice([1e3, 3.3e3]), compute=rng.choice([7e3, 1e5]), kv=kv,
-                        n_matmul=rng.randint(1, 5), n_layers=1, d_model=rng.randint(1, 3),
-                        weights=rng.choice([1000.0, 333.3]))
+        deployment = small(rng.randint(400, 5000) * kv * rng.choice([1, 1.0003]),
+                           bandwidth=rng.choice([1e3, 3.3e3]), peak_flops=rng.choice([7e3, 1e5]),
+                           kv_bytes_per_token=kv, n_matmul=rng.randint(1, 5), n_layers=1, d_model=rng.randint(1, 3),
+                           weight_bytes=rng.choice([1000.0, 333.3]))
         reqs = random_trace(rng, rng.randint(1, 15))
         for policy in POLICIES:
             try:
-                ref = run_reference(reqs, policy, device)
+                ref = run_reference(reqs, policy, deployment)
             except RequestTooLargeError:
                 with pytest.raises(RequestTooLargeError):
-                    run_trace(reqs, policy, device)
+                    run_trace(reqs, policy, deployment)
                 seen["errors"] += 1
                 continue
-            assert_identical(run_trace(reqs, policy, device), ref)
+            assert_identical(run_trace(reqs, policy, deployment), ref)
             if policy in ("paged", "chunked"):   # the step-driven loop with the library's step: the same run
-                assert_identical(run_with_step(reqs, device, budget=CHUNK_BUDGET if policy == "chunked" else None),
+                assert_identical(run_with_step(reqs, deployment, budget=CHUNK_BUDGET if policy == "chunked" else None),
                                  ref)
             seen["preemptions"] += sum(r.preemptions for r in ref)
             seen["runs"] += 1
@@ -566,20 +591,20 @@ def test_run_with_step_uses_the_given_step():
     reqs = make_workload(0.3, count=12)
     calls = []
 
-    def spy(running, queue, device, *, budget, max_running):
+    def spy(running, queue, deployment, *, budget, max_running):
         calls.append(len(running))
-        return chunked_step(running, queue, device, budget=budget, max_running=max_running)
+        return chunked_step(running, queue, deployment, budget=budget, max_running=max_running)
 
     assert_identical(run_with_step(reqs, step=spy), run_trace(reqs, "chunked"))
     assert calls and MAX_RUNNING == 256
     with pytest.raises(ValueError, match="empty iteration"):
-        run_with_step(reqs, step=lambda running, queue, device, **kw: StepPlan(len(queue), (), (), ()))
+        run_with_step(reqs, step=lambda running, queue, deployment, **kw: StepPlan(len(queue), (), (), ()))
     with pytest.raises(ValueError, match="one-position chunk"):   # a separate decode: not in these semantics
-        run_with_step(reqs, step=lambda running, queue, device, **kw: StepPlan(len(queue), (), (0,), ()))
+        run_with_step(reqs, step=lambda running, queue, deployment, **kw: StepPlan(len(queue), (), (0,), ()))
     with pytest.raises(ValueError, match="chunk"):
-        run_with_step(reqs, step=lambda running, queue, device, **kw: StepPlan(1, (), (), ((0, 10**6),)))
+        run_with_step(reqs, step=lambda running, queue, deployment, **kw: StepPlan(1, (), (), ((0, 10**6),)))
     with pytest.raises(ValueError, match="preempted"):
-        run_with_step(reqs, step=lambda running, queue, device, **kw: StepPlan(1, (0,), (), ()))
+        run_with_step(reqs, step=lambda running, queue, deployment, **kw: StepPlan(1, (0,), (), ()))
 
 
 def test_run_with_step_requeues_any_victims_in_admission_order():
@@ -587,8 +612,8 @@ def test_run_with_step_requeues_any_victims_in_admission_order():
     the victim returns to the queue head and its later tokens come after a re-prefill."""
     reqs = [Request(0.0, 60, 5), Request(0.0, 60, 5)]
 
-    def evict_oldest(running, queue, device, **kw):
-        plan = chunked_step(running, queue, device, **kw)
+    def evict_oldest(running, queue, deployment, **kw):
+        plan = chunked_step(running, queue, deployment, **kw)
         p, n = len(plan.preempted), len(running) + plan.admitted
         if not p:
             return plan
@@ -606,13 +631,13 @@ def test_run_with_step_requeues_any_victims_in_admission_order():
 def test_capacity_bisection_logic(monkeypatch):
     calls = []
 
-    def fake(rate, policy, device, count):
+    def fake(rate, policy, deployment, count):
         calls.append((rate, policy))
         ok = rate <= 0.3
         return {"ttft99": 1.0 if ok else 9.0, "itl99": 0.05, "rate": rate}
 
     monkeypatch.setattr(capacity_module, "simulate", fake)
-    rate, m = capacity(Device())
+    rate, m = capacity(Deployment())
     assert len(calls) == 10 and all(p == "chunked" for _, p in calls)
     lo, hi = 0.01, 4.0
     for _ in range(10):   # the same bisection written out: keep the lower bound when it passes
@@ -621,10 +646,10 @@ def test_capacity_bisection_logic(monkeypatch):
     assert rate == lo and m["rate"] == lo and 0.3 - 3.99 / 1024 < rate <= 0.3
 
 
-def test_capacity_on_the_default_device():
+def test_capacity_on_the_default_deployment():
     rate, m = capacity("24GB-bf16")
     assert meets_targets(m) and m == simulate(rate, "chunked")
     step = 3.99 / 1024
     assert 0.01 <= rate < 4.0 and abs((rate - 0.01) / step - round((rate - 0.01) / step)) < 1e-6
     with pytest.raises(ValueError, match="targets"):
-        capacity(Device(), targets=(3.0, -1.0))
+        capacity(Deployment(), targets=(3.0, -1.0))

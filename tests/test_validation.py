@@ -205,20 +205,22 @@ def test_integer_tensor_skips_the_range_of_an_empty_tensor():
 
 # -- the library's modules use them ----------------------------------------------------------
 def test_roofline_hardware_and_gemv_use_the_shared_checks():
-    from course_lib import roofline
-    from course_lib.hardware import Accelerator
+    from course_lib import roofline, speculative
+    from course_lib.hardware import Device
     from course_lib.kernels.gemv import gemv
 
     with pytest.raises(ArgumentTypeError, match="batch must be an int >= 1"):
-        roofline.decode_step_bound(roofline.case_model(), "24GB-1.0", True, 10)
+        roofline.decode_step_bound(roofline.case_model(), "24GB-1.0", batch=True, context=10, weight_bytes=5.5e9)
     with pytest.raises(ArgumentTypeError, match="config must be a ModelConfig"):
         roofline.n_matmul({"n_layers": 36})
     with pytest.raises(ValueError, match=r"mfu must be a finite number in \(0, 1\]"):
         roofline.prefill_time(roofline.case_model(), "24GB-1.0", 10, mfu=1.5)
     with pytest.raises(ValueError, match=r"alpha must be a finite number in \[0, 1\]"):
-        roofline.expected_tokens_per_step(1.2, 4)
-    with pytest.raises(ArgumentTypeError, match="Accelerator.capacity_gb must be a finite number > 0"):
-        Accelerator("x", "80", 1, 1)
+        speculative.expected_tokens_per_step(1.2, 4)
+    with pytest.raises(ArgumentTypeError, match="Device.memory must be a finite number > 0"):
+        Device("x", "80e9", 1, 1)
+    with pytest.raises(ArgumentTypeError, match="capacity_gb must be a finite number > 0"):
+        Device.from_datasheet("x", "80", 1, 1)
     with pytest.raises(ArgumentTypeError, match=r"block_m must be a positive power of two .*\(tl.arange needs one\)"):
         gemv(torch.zeros(2, 2), torch.zeros(2), block_m=1.5)
     with pytest.raises(ArgumentTypeError, match="W must be a Tensor"):

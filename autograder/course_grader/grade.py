@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import hashlib
 import json
 import math
 import os
@@ -165,8 +164,7 @@ def judge_seed_of(run_seed: int, learner: str, lab: str) -> int:
     but under another label. It reaches nbgrader as COURSE_JUDGE_SEED, which the sandbox never
     passes into the kernel (and the kernel's COURSE_GRADING_SEED, a sha256 of the run seed, does
     not give it back), so learner code cannot work out the judge's inputs."""
-    digest = hashlib.sha256(f"{run_seed}\0{learner}\0{lab}\0judge".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
+    return judge.sha256_seed(run_seed, learner, lab, "judge")
 
 
 def submission_seed(run_seed: int, learner: str, lab: str) -> int:
@@ -174,8 +172,7 @@ def submission_seed(run_seed: int, learner: str, lab: str) -> int:
 
     Every submission of a run gets its own inputs, and ``--seed RUN_SEED`` replays exactly the
     inputs a learner was graded on (the seed is in grades.csv)."""
-    digest = hashlib.sha256(f"{run_seed}\0{learner}\0{lab}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
+    return judge.sha256_seed(run_seed, learner, lab)
 
 
 # --------------------------------------------------------------------------------------
@@ -248,7 +245,7 @@ def links_and_special_files(folder: Path) -> list[str]:
     return sorted(found)
 
 
-def _copy_ignoring_links(folder: str, names: list[str]) -> set[str]:
+def copy_ignoring_links(folder: str, names: list[str]) -> set[str]:
     """shutil.copytree ignore function: skip symlinks, special files and editor/cache debris."""
     skipped = set()
     for name in names:
@@ -482,7 +479,7 @@ def build_course(work: Path, root: Path, submissions: Path, labs: list[str],
     ignore = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "*.pyc")
     for lab in labs:
         shutil.copytree(root / "solutions" / lab, course / "source" / lab, ignore=ignore)
-    shutil.copytree(submissions, course / "submitted", ignore=_copy_ignoring_links)
+    shutil.copytree(submissions, course / "submitted", ignore=copy_ignoring_links)
     for lab in labs:
         code, why = run_nbgrader(["generate_assignment", lab], course, work / "logs" / f"generate_{lab}.log", env)
         if code != 0:
@@ -646,7 +643,7 @@ def grade_shard(course: Path, row: Submission, course_id: str, env: dict[str, st
     shutil.copy2(course / "gradebook.db", shard)
     shutil.copytree(course / "source" / row.lab, shard / "source" / row.lab)
     submitted = shard / "submitted" / row.learner / row.lab
-    shutil.copytree(course / "submitted" / row.learner / row.lab, submitted, ignore=_copy_ignoring_links)
+    shutil.copytree(course / "submitted" / row.learner / row.lab, submitted, ignore=copy_ignoring_links)
     if row.notebook:  # a renamed notebook: nbgrader looks for {lab}.ipynb
         (submitted / row.notebook).rename(submitted / f"{row.lab}.ipynb")
     row.tampering = tampering(submitted / f"{row.lab}.ipynb", course / "release" / row.lab / f"{row.lab}.ipynb")

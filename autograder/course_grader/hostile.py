@@ -50,9 +50,9 @@ L1, L2 = "01_roofline", "02_kv_cache"
 
 # The wrong prefill_time most attacks defend: right on the visible case model only (so its visible
 # asserts pass), 1 % high elsewhere (4 significant figures are checked).
-PREFILL_RIGHT = "    return flops / (mfu * device.dense_tflops * 1e12)"
+PREFILL_RIGHT = "    return flops / (mfu * device.peak_flops)"
 PREFILL_WRONG_OFF_CASE = (
-    "    right = flops / (mfu * device.dense_tflops * 1e12)\n"
+    "    right = flops / (mfu * device.peak_flops)\n"
     "    return right if config == roofline.case_model() else 1.01 * right")
 
 # Code that looks for the course's secrets from inside the kernel; ACCESS lists what it could read.

@@ -83,8 +83,9 @@ contracts = _Lazy("course_lib.grading.contracts")
 
 __all__ = ["HARNESS", "JudgeError", "KernelDied", "KernelWedged", "ProtocolError", "LearnerFault",
            "LearnerRaised", "CallTimeout", "KernelSession", "RemoteFunction", "CheckCall", "UnsupportedCell",
-           "parse_test_cell", "judge_cell", "redact", "judge_seed", "derived_seed", "make_judge_execute", "configure_nbgrader", "nbgrader_config_lines", "apply_verdicts",
-           "read_verdicts", "VERDICT_SUFFIX"]
+           "parse_test_cell", "judge_cell", "redact", "judge_seed", "derived_seed", "sha256_seed", "learner_exception",
+           "make_judge_execute", "configure_nbgrader", "nbgrader_config_lines", "apply_verdicts", "read_verdicts",
+           "VERDICT_SUFFIX"]
 
 #: Code executed in the learner's kernel for a judging session. Names stay local to a function
 #: (learner globals such as ``json = 3`` cannot shadow them); ``import`` resolves through the
@@ -151,13 +152,16 @@ class _SessionEnded(Exception):
 _RAISED_CLASSES: dict[str, type] = {}
 
 
-def _learner_exception(fn_name: str, kernel_type, message) -> LearnerRaised:
+def learner_exception(fn_name: str, kernel_type, message) -> LearnerRaised:
+    """The judge-side exception for a learner's function that raised ``kernel_type`` in the kernel:
+    a ``LearnerRaised`` that is also the built-in (``remote.BUILTIN_ERRORS``) or course_lib
+    exception class of that name, so a checker's ``except ValueError`` still catches it."""
     kernel_type = str(kernel_type)[:120]
     message = str(message)[:2000]
     cls = _RAISED_CLASSES.get(kernel_type)
     if cls is None:
         base: type | None = None
-        if kernel_type in remote._BUILTIN_ERRORS:
+        if kernel_type in remote.BUILTIN_ERRORS:
             import builtins
 
             base = getattr(builtins, kernel_type, None)
@@ -419,10 +423,10 @@ class KernelSession:
             if message.get("op") != "callback":
                 return message
             self.callbacks += 1
-            self._reply(self._callback(message, callbacks or [], objects or []))
+            self._reply(self.answer_callback(message, callbacks or [], objects or []))
 
     @staticmethod
-    def _callback(message: dict, callbacks: list, objects: list) -> dict:
+    def answer_callback(message: dict, callbacks: list, objects: list) -> dict:
         cid = message.get("id")
         if type(cid) is not int or not 0 <= cid < len(callbacks):
             return {"op": "error", "message": "unknown callback"}
@@ -505,7 +509,7 @@ class KernelSession:
             except remote.RemoteDataError as exc:
                 raise ProtocolError(f"{name}: result: {exc}") from None
         if op == "raised":
-            raise _learner_exception(name, answer.get("type"), answer.get("message"))
+            raise learner_exception(name, answer.get("type"), answer.get("message"))
         if op == "missing":
             raise LearnerFault(f"{name} is not defined in the notebook (its cell did not run, or raised)")
         if op == "unencodable":
@@ -738,10 +742,17 @@ def judge_seed(explicit: int | None = None) -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
-def derived_seed(base: int, *parts) -> int:
-    """32 bits of sha256(base, parts): one seed per (cell, fresh_seed() occurrence)."""
-    text = ":".join(str(p) for p in ("course-judge", base, *parts))
+def sha256_seed(*parts, sep: str = "\0") -> int:
+    """A 32-bit seed derived from ``parts``: the first 4 bytes (little-endian) of the sha256 of
+    their text joined by ``sep``. Every seed the grader derives from another (the judge's per-cell
+    seeds here, the driver's per-submission seeds in ``grade``) goes through it."""
+    text = sep.join(str(p) for p in parts)
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
+
+
+def derived_seed(base: int, *parts) -> int:
+    """32 bits of sha256("course-judge:base:parts"): one seed per (cell, fresh_seed() occurrence)."""
+    return sha256_seed("course-judge", base, *parts, sep=":")
 
 
 # == redaction ===================================================================================
@@ -1102,15 +1113,15 @@ def _make_mixin():
 
         def preprocess_cell(self, cell, resources, index):
             self._judge_index = index
-            restarts = getattr(self, "_restarts", 0)
+            restarts = getattr(self, "kernel_restarts", 0)
             cell, resources = super().preprocess_cell(cell, resources, index)
-            if getattr(self, "_restarts", 0) != restarts and self._judge_session is not None:
+            if getattr(self, "kernel_restarts", 0) != restarts and self._judge_session is not None:
                 self._judge_session.shutdown()     # SandboxExecute restarted a wedged kernel: reconnect
                 self._judge_session = None
             meta = cell.get("metadata", {}).get("nbgrader", {})
             if self.enabled_judge and cell.get("cell_type") == "code" and meta.get("grade") \
                     and not meta.get("solution"):
-                died_in = getattr(self, "_kernel_died_in", None)   # SandboxExecute: the kernel is gone
+                died_in = getattr(self, "kernel_died_in", None)   # SandboxExecute: the kernel is gone
                 timed_out = any(o.get("output_type") == "error" and o.get("ename") == "CellTimeoutError"
                                 for o in cell.get("outputs", []))
                 if died_in is not None or timed_out:
@@ -1177,10 +1188,10 @@ def _make_mixin():
             if self._judge_session is not None:
                 self._judge_session.shutdown()
                 self._judge_session = None
-            if hasattr(self, "_kernel_died_in"):
+            if hasattr(self, "kernel_died_in"):
                 # SandboxExecute's rule for a dead kernel: later cells are not run and get a
                 # KernelDied error; follow it rather than start a second kernel.
-                self._kernel_died_in = getattr(self, "_judge_index", None)
+                self.kernel_died_in = getattr(self, "_judge_index", None)
                 return
             if self.restart_dead_kernel:
                 try:

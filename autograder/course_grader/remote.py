@@ -25,11 +25,11 @@ Node format (every JSON object is a tagged node, so a plain dict never looks lik
     {"$": "callback", "id": n}   the n-th judge-side callable (the kernel calls back)
     {"$": "opaque", "type": "module.Qualname"}   something that cannot cross (refused)
 
-Values: ``value`` types are ModelConfig, Accelerator, scheduling Device, Request,
-RequestRecord and StepPlan (rebuilt field by field); ``state`` types are BlockPool,
-PagedSequence, PagedKVCache and KVCache (rebuilt without their constructor from the attributes
-the class names in its ``WIRE_STATE``, written back
-after the call); a Decoder is rebuilt kernel-side from its config and state dict.
+Values: ``value`` types are ModelConfig, hardware Device, scheduling Deployment (whose
+``device`` field is a Device value node), Request, RequestRecord and StepPlan (rebuilt field
+by field); ``state`` types are BlockPool, PagedSequence, PagedKVCache and KVCache (rebuilt
+without their constructor from the attributes the class names in its ``WIRE_STATE``, written
+back after the call); a Decoder is rebuilt kernel-side from its config and state dict.
 
 Direction judge -> kernel (``CallEncoder``): every mutable argument (tensor, array, list,
 dict, deque, state object, decoder) becomes an entry of an object table and is referred
@@ -63,8 +63,8 @@ import numpy as np
 import torch
 
 __all__ = ["PROTOCOL", "PROMPT", "RemoteDataError", "Opaque", "opaque_class", "CallEncoder", "CallDecoder",
-           "ResultEncoder", "ResultDecoder", "dumps", "loads", "encode_value", "decode_value", "serve",
-           "LIMITS"]
+           "ResultEncoder", "ResultDecoder", "dumps", "loads", "encode_value", "decode_value", "encode_bytes",
+           "serve", "answer_call", "BUILTIN_ERRORS", "LIMITS"]
 
 PROTOCOL = "course-judge/1"
 #: Every harness message (an input_request prompt) starts with this.
@@ -103,12 +103,12 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.<>]")
 
 
 def _value_types() -> dict[str, type]:
-    from course_lib.hardware import Accelerator
+    from course_lib.hardware import Device
     from course_lib.models.config import ModelConfig
-    from course_lib.scheduling.cost import Device
+    from course_lib.scheduling.cost import Deployment
     from course_lib.scheduling.step import StepPlan
     from course_lib.scheduling.workload import Request, RequestRecord
-    return {"ModelConfig": ModelConfig, "Accelerator": Accelerator, "Device": Device, "Request": Request,
+    return {"ModelConfig": ModelConfig, "Device": Device, "Deployment": Deployment, "Request": Request,
             "RequestRecord": RequestRecord, "StepPlan": StepPlan}
 
 
@@ -215,7 +215,8 @@ def loads(text) -> Any:
 
 
 # -- raw bytes -------------------------------------------------------------------------------------
-def _b64(data: bytes) -> str:
+def encode_bytes(data: bytes) -> str:
+    """Raw bytes as the protocol's base64 text (the ``data`` of tensor, ndarray and npscalar nodes)."""
     return base64.b64encode(data).decode("ascii")
 
 
@@ -243,20 +244,20 @@ def _tensor_node(t: torch.Tensor) -> dict:
     else:
         flat = t.reshape(-1)
         data = (flat.view(torch.uint8) if t.dtype != torch.bool else flat.to(torch.uint8)).numpy().tobytes()
-    return {"$": "tensor", "dtype": name, "shape": list(t.shape), "data": _b64(data)}
+    return {"$": "tensor", "dtype": name, "shape": list(t.shape), "data": encode_bytes(data)}
 
 
 def _ndarray_node(a: np.ndarray) -> dict:
     dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
     b = np.ascontiguousarray(a, dtype=dt)
-    return {"$": "ndarray", "dtype": b.dtype.str, "shape": list(b.shape), "data": _b64(b.tobytes()),
+    return {"$": "ndarray", "dtype": b.dtype.str, "shape": list(b.shape), "data": encode_bytes(b.tobytes()),
             "writeable": bool(a.flags.writeable)}
 
 
 def _npscalar_node(x) -> dict:
     arr = np.asarray(x)
     dt = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
-    return {"$": "npscalar", "dtype": np.dtype(dt).str, "data": _b64(arr.astype(dt).tobytes())}
+    return {"$": "npscalar", "dtype": np.dtype(dt).str, "data": encode_bytes(arr.astype(dt).tobytes())}
 
 
 def _tensor_ok(t) -> bool:
@@ -827,7 +828,8 @@ def decode_value(text: str, objects: list | None = None):
 
 
 # == kernel side: the serve loop the judge's harness cell runs ====================================
-_BUILTIN_ERRORS = ("ValueError", "TypeError", "KeyError", "IndexError", "AttributeError", "RuntimeError",
+#: Built-in exception types a learner's function may raise that the judge re-raises as such.
+BUILTIN_ERRORS = ("ValueError", "TypeError", "KeyError", "IndexError", "AttributeError", "RuntimeError",
                    "ZeroDivisionError", "NotImplementedError", "AssertionError", "ArithmeticError",
                    "OverflowError", "LookupError", "NameError", "UnboundLocalError", "RecursionError")
 
@@ -871,7 +873,7 @@ def serve(namespace: dict | None = None) -> None:
             if op == "describe":
                 out = {"op": "described", "names": {n: _describe(ns, n) for n in request.get("names", [])}}
             elif op == "call":
-                out = _call(ns, request, ask)
+                out = answer_call(ns, request, ask)
             else:
                 out = {"op": "bad-request"}
     finally:
@@ -895,7 +897,11 @@ def _describe(ns: dict, name) -> dict:
     return info
 
 
-def _call(ns: dict, request: dict, ask) -> dict:
+def answer_call(ns: dict, request: dict, ask) -> dict:
+    """The kernel's answer to one "call" request of the judge: look ``request["fn"]`` up in the
+    namespace ``ns``, call it on the decoded arguments (``ask`` carries its callbacks back to the
+    judge) and return the reply message ("return" with the encoded value and the changed argument
+    state, "raised", "missing" or "error"). ``serve`` runs it for every call."""
     name = request.get("fn")
     if type(name) is not str or name not in ns:
         return {"op": "missing", "name": str(name)[:100]}

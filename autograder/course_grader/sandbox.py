@@ -195,7 +195,7 @@ class SandboxLimits:
 # Tools and status
 
 
-def _find_tool(name: str) -> str | None:
+def find_tool(name: str) -> str | None:
     """Absolute path of NAME on PATH or in the usual system folders, else None. For bwrap,
     ``COURSE_SANDBOX_BWRAP`` (when set) names the binary to use instead (a custom install);
     if it is not an executable file, bwrap counts as missing."""
@@ -218,7 +218,7 @@ def ensure_bwrap(install: bool = False) -> str:
     Raises SandboxUnavailableError with what to do when bwrap is missing and cannot be
     installed here (not Linux, not root, no apt-get, or apt failed).
     """
-    found = _find_tool("bwrap")
+    found = find_tool("bwrap")
     if found:
         return found
     advice = (f"bubblewrap (bwrap) is not installed. On Debian/Ubuntu run as root: {INSTALL_COMMAND} "
@@ -227,13 +227,13 @@ def ensure_bwrap(install: bool = False) -> str:
               "unsafe flag.")
     if not install:
         raise SandboxUnavailableError(advice)
-    if not sys.platform.startswith("linux") or os.geteuid() != 0 or not _find_tool("apt-get"):
+    if not sys.platform.startswith("linux") or os.geteuid() != 0 or not find_tool("apt-get"):
         raise SandboxUnavailableError(advice)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     for steps in ([INSTALL_COMMAND], ["apt-get update", INSTALL_COMMAND]):
         ok = all(subprocess.run(step.split(), env=env).returncode == 0 for step in steps)
-        if ok and _find_tool("bwrap"):
-            return str(_find_tool("bwrap"))
+        if ok and find_tool("bwrap"):
+            return str(find_tool("bwrap"))
     raise SandboxUnavailableError("apt-get could not install bubblewrap. " + advice)
 
 
@@ -260,7 +260,7 @@ def sandbox_status(refresh: bool = False) -> tuple[bool, str]:
 def _probe() -> tuple[bool, str]:
     if not sys.platform.startswith("linux"):
         return False, f"the sandbox needs Linux (bubblewrap); this is {sys.platform}"
-    missing = [tool for tool in ("bwrap", "setpriv", "prlimit") if not _find_tool(tool)]
+    missing = [tool for tool in ("bwrap", "setpriv", "prlimit") if not find_tool(tool)]
     if missing:
         hint = f"install bubblewrap: {INSTALL_COMMAND}" if "bwrap" in missing else "install util-linux"
         return False, f"missing {', '.join(missing)} ({hint})"
@@ -274,7 +274,7 @@ def _probe() -> tuple[bool, str]:
     if proc.returncode != 0 or proc.stdout.strip() != str(expected):
         detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return False, f"a sandboxed test command failed (exit {proc.returncode}): {detail}"
-    return True, f"bubblewrap sandbox works ({sandbox_mode()} mode, {_find_tool('bwrap')})"
+    return True, f"bubblewrap sandbox works ({sandbox_mode()} mode, {find_tool('bwrap')})"
 
 
 def unsafe_warning(reason: str) -> str:
@@ -649,7 +649,7 @@ class Sandbox:
         """The full host command line that runs COMMAND (absolute program path, as seen
         inside, e.g. ``sys.executable``) in this sandbox with HOME as working folder.
         Raises SandboxUnavailableError when bwrap/setpriv/prlimit are missing."""
-        tools = {t: _find_tool(t) for t in ("bwrap", "setpriv", "prlimit")}
+        tools = {t: find_tool(t) for t in ("bwrap", "setpriv", "prlimit")}
         needed = ["bwrap", "prlimit"] + (["setpriv"] if self.mode == "root" else [])
         missing = [t for t in needed if not tools[t]]
         if missing:
@@ -1061,10 +1061,10 @@ if _Execute is not None:
             super().__init__(**kwargs)
             self._sandbox_out: dict[int, int] = {}
             self._sandbox_truncated: set[int] = set()
-            self._kernel_died_in: int | None = None
+            self.kernel_died_in: int | None = None
             self._not_run_reason = ""
             self._ran: list[tuple[int, Any]] = []     # (index, pristine copy) of every code cell run
-            self._restarts = 0
+            self.kernel_restarts = 0
             self._current_index: int | None = None
             self._input_refused: set[int] = set()
 
@@ -1072,10 +1072,10 @@ if _Execute is not None:
             """Run one cell under the rules in the class docstring. (nbconvert's
             ExecutePreprocessor calls the synchronous ``execute_cell`` from here, so this is
             the hook that sees nbclient's exceptions.)"""
-            if self._kernel_died_in is not None:
+            if self.kernel_died_in is not None:
                 if cell.cell_type == "code":
                     cell.outputs = [_kernel_died_output(self._not_run_reason
-                                                        or f"not run: the kernel died in cell {self._kernel_died_in}")]
+                                                        or f"not run: the kernel died in cell {self.kernel_died_in}")]
                 return cell, resources
             from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
@@ -1087,7 +1087,7 @@ if _Execute is not None:
             try:
                 cell, resources = super().preprocess_cell(cell, resources, index)
             except DeadKernelError:
-                self._kernel_died_in = index
+                self.kernel_died_in = index
                 cell.outputs = list(cell.get("outputs", [])) + [_kernel_died_output(
                     "the kernel died while this cell ran (os._exit, a crash, or a sandbox limit)")]
                 return cell, resources
@@ -1109,8 +1109,8 @@ if _Execute is not None:
             """Kill the kernel that ignored the timeout interrupt; restart it and rerun the code
             cells before INDEX (outputs discarded) so the notebook goes on, or, past
             ``max_kernel_restarts`` or if that fails, record the later cells as not run."""
-            if self._restarts < self.max_kernel_restarts:
-                self._restarts += 1
+            if self.kernel_restarts < self.max_kernel_restarts:
+                self.kernel_restarts += 1
                 try:
                     run_sync(self.km.restart_kernel)(now=True)
                     run_sync(self.kc.wait_for_ready)(timeout=60)
@@ -1127,7 +1127,7 @@ if _Execute is not None:
                     self.log.error("sandbox: could not restart and replay after cell %d: %s", index, exc)
             with contextlib.suppress(Exception):
                 run_sync(self.km.shutdown_kernel)(now=True)
-            self._kernel_died_in = index
+            self.kernel_died_in = index
             self._not_run_reason = (f"not run: cell {index} ignored the timeout interrupt and its kernel was "
                                     "killed")
 

@@ -232,7 +232,7 @@ def _read_cache(m: dict, folder: Path, tried: list[str], quiet: bool = False) ->
         return None
     problem = _cache_problem(m, folder)
     if problem is None:
-        _share(folder)
+        make_readable(folder)
         meta = json.loads((folder / SIDECAR).read_text(encoding="utf-8"))
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         src = meta["source"]
@@ -247,7 +247,7 @@ def _read_cache(m: dict, folder: Path, tried: list[str], quiet: bool = False) ->
     return None
 
 
-def _share(folder: Path) -> None:
+def make_readable(folder: Path) -> None:
     """Make a verified entry's files readable by every user (0644), as ``atomic_write`` writes them;
     entries written before it set the mode may be 0600, which a sandboxed grading kernel running
     as another user cannot read. Best effort: a file we do not own is left as it is."""

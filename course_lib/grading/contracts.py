@@ -11,12 +11,16 @@ failure, raises ``ContractError`` with a message that says what differs and wher
 
 Nothing here trusts a learner object: values are checked for their exact type, dtype
 and shape before any comparison, so an object whose ``==`` always returns True fails.
+
+Shared by the labs' checkers as well: ``close`` (relative closeness of two numbers),
+``attempts`` (a bounded rejection-sampling loop for drawing cases) and ``diagnose`` /
+``named_faults`` (the "Diagnosis:" line naming the known faults a wrong result equals).
 """
 from __future__ import annotations
 
 import math
 import os
-from typing import Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -85,6 +89,17 @@ def check_real(name: str, obj) -> float:
     return value
 
 
+def close(actual: float, expected: float, *, rel: float) -> bool:
+    """True when |actual - expected| <= rel * |expected|: ``actual`` agrees with ``expected`` to a
+    relative error of ``rel`` (NaN is close only to NaN, an infinity only to itself). Plain
+    numbers only: check the type first (``check_real``)."""
+    if math.isnan(actual) or math.isnan(expected):
+        return math.isnan(actual) and math.isnan(expected)
+    if math.isinf(actual) or math.isinf(expected):
+        return actual == expected
+    return abs(actual - expected) <= rel * abs(expected)
+
+
 def significant_tolerance(figures: int) -> float:
     """Relative tolerance of "equal to ``figures`` significant figures": half a unit in the
     last kept digit of a mantissa starting with 1, i.e. 5 * 10**-figures (4 figures: 5e-4)."""
@@ -99,7 +114,7 @@ def check_significant(actual, expected: float, *, figures: int = 4, what: str = 
     Returns: the float value. Raises: ContractError showing both numbers and the ratio."""
     got = check_real(what, actual)
     tol = significant_tolerance(figures)
-    if abs(got - expected) <= tol * abs(expected):
+    if close(got, expected, rel=tol):
         return got
     ratio = f"; ratio got/expected = {got / expected:.6g}" if expected else ""
     raise ContractError(f"{what}: expected {expected:.{figures + 2}g}, got {got:.{figures + 2}g} "
@@ -128,6 +143,55 @@ def check_int_list(name: str, obj) -> list[int]:
     if type(obj) not in (list, tuple):
         raise ContractError(f"{name} must be a list of ints, got {type(obj).__qualname__}")
     return [check_int(f"{name}[{i}]", x) for i, x in enumerate(obj)]
+
+
+# -- drawing cases and naming faults -------------------------------------------------------
+def attempts(lab: str, limit: int = 100_000) -> Iterator[int]:
+    """Bound a checker's rejection-sampling loop (``for _ in attempts("Lab 1"): draw; if ok: break``).
+
+    Raises: RuntimeError after ``limit`` draws: no suitable case is a bug in the grader, reported
+    as such (never a learner's failure)."""
+    yield from range(limit)
+    raise RuntimeError(f"{lab} grader: no suitable random case in {limit} draws (a grader bug; please report)")
+
+
+#: The caveat every diagnosis carries: equal on these inputs does not prove the cause.
+LIKELY = ("(a likely cause, not a certainty: a different bug can give the same result on these inputs; "
+          "check your code against the named fault)")
+
+
+def named_faults(err: ContractError | str, matches: Sequence[str]) -> ContractError:
+    """``err`` (a message or a ContractError) with a "Diagnosis:" naming the known faults in
+    ``matches`` (several when they coincide on these inputs), or unchanged when there is none."""
+    if not matches:
+        return err if isinstance(err, ContractError) else ContractError(err)
+    if len(matches) == 1:
+        return ContractError(f"{err}\nDiagnosis: your result equals the reference with this fault: {matches[0]}"
+                             f"\n{LIKELY}")
+    listed = "".join(f"\n  - {m}" for m in matches)
+    return ContractError(f"{err}\nDiagnosis: your result equals the reference with any of these faults "
+                         f"(on these inputs they coincide):{listed}\n{LIKELY}")
+
+
+def diagnose(err: ContractError | str, got: Any, variants: Mapping[str, Callable[[], Any]],
+             same: Callable[[Any, Any], bool]) -> ContractError:
+    """``named_faults`` for the variants whose value equals ``got``.
+
+    Args:
+        err: the contract failure. got: the learner's (type-checked) result.
+        variants: fault description -> a zero-argument function computing the reference with
+            that fault on the same inputs (one that raises, or returns None, is not the answer).
+        same: same(got, candidate) -> bool, the comparison (``close``, exact ``==``, allclose).
+    """
+    matches = []
+    for symptom, make in variants.items():
+        try:
+            candidate = make()
+        except Exception:  # a variant that cannot be evaluated on these inputs is not the answer
+            continue
+        if candidate is not None and same(got, candidate):
+            matches.append(symptom)
+    return named_faults(err, matches)
 
 
 # -- first divergence --------------------------------------------------------------------

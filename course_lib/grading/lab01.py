@@ -12,14 +12,17 @@ names the one the learner's number equals (the untied input embedding counted in
 K and V counted once, query heads instead of KV heads, binary GiB for decimal GB, memory time
 plus compute time instead of their max, ...), so the message names the symptom.
 
-Learner signatures (all sizes are plain ints, devices are ``course_lib.hardware.Accelerator``):
+Learner signatures, the same as ``course_lib.roofline``'s functions of the same name (sizes are
+plain ints; a device is a ``course_lib.hardware.Device``: memory in bytes, bandwidth in bytes/s,
+peak_flops in FLOP/s; the checkers pass the arguments after ``*`` by keyword):
     count_parameters(config) -> (n_params: int, n_matmul: int)
     kv_bytes_per_token(config, bytes_per_value) -> int
     prefill_time(config, device, tokens, mfu) -> float seconds
-    decode_step_bound(config, device, batch, context, weight_bytes, kv_bytes_per_value) -> float seconds
+    decode_step_bound(config, device, *, batch, context, weight_bytes, kv_bytes_per_value) -> float seconds
     gemv_intensity(m, n, bytes_per_element) -> float FLOP/byte
     gemm_intensity(m, n, batch, bytes_per_element) -> float FLOP/byte
-    requests_that_fit(config, device, weight_bytes, prompt_tokens, output_tokens, overhead_gb) -> int
+    requests_that_fit(config, device, *, weight_bytes, prompt_tokens, output_tokens, overhead_gb,
+                      kv_bytes_per_value) -> int
 """
 from __future__ import annotations
 
@@ -28,11 +31,11 @@ import random
 from typing import Callable
 
 from .. import roofline as ref
-from ..hardware import Accelerator
+from ..hardware import Device
 from ..models.config import ModelConfig
+from .contracts import (ContractError, attempts, check_bytes, check_int, check_own_function, check_real,
+                        check_significant, close, diagnose, significant_tolerance)
 from .tables import Contract, Edit, Fault, check_tables
-from .contracts import (ContractError, check_bytes, check_int, check_own_function, check_real, check_significant,
-                        significant_tolerance)
 
 __all__ = ["random_config", "random_device", "kv_terms", "check_parameter_count", "check_kv_bytes_per_token",
            "check_prefill_time", "check_decode_step_bound", "check_gemv_intensity", "check_gemm_intensity",
@@ -48,7 +51,7 @@ def random_config(rng: random.Random, tied: bool | None = None, gqa: bool = True
     """A Llama-shaped config with sizes drawn from ``rng``: 1-96 layers, 2-64 query heads of
     32-256, KV heads a proper divisor of the query heads when ``gqa`` (so query heads != KV
     heads), SwiGLU width 1-4x the model width, vocab 1,000-260,000. ``square``: True makes
-    d_model = n_heads * head_dim (what the spec's attention FLOPs 4*L*d*t assume); False makes
+    d_model = n_heads * head_dim (what the attention FLOPs 4*L*d*t assume); False makes
     them differ (so q/o sized d x d is caught); None draws True 80 % of the time."""
     head_dim = rng.choice([32, 64, 64, 128, 128, 256])
     n_heads = rng.choice([2, 4, 6, 8, 12, 16, 24, 32, 48, 64])
@@ -67,20 +70,14 @@ def random_config(rng: random.Random, tied: bool | None = None, gqa: bool = True
                        tie_embeddings=rng.random() < 0.5 if tied is None else tied)
 
 
-def random_device(rng: random.Random) -> Accelerator:
-    """An accelerator with capacity 16-192 GB, bandwidth 0.2-8 TB/s and 50-2500 dense TFLOP/s,
-    rounded like a datasheet (three significant figures)."""
+def random_device(rng: random.Random) -> Device:
+    """A device with capacity 16-192 GB, bandwidth 0.2-8 TB/s and 50-2500 dense TFLOP/s, rounded
+    like a datasheet (three significant figures) and converted to bytes, B/s and FLOP/s."""
     def sig3(x: float) -> float:
         return float(f"{x:.3g}")
-    return Accelerator(name=f"device-{rng.randrange(10**6)}", capacity_gb=sig3(rng.uniform(16, 192)),
-                       bandwidth_tbps=sig3(rng.uniform(0.2, 8.0)), dense_tflops=sig3(rng.uniform(50, 2500)),
-                       source="drawn by the Lab 1 grader")
-
-
-def _attempts(limit: int = 100_000):
-    """Bound a rejection-sampling loop; running out is a grader bug, reported as such."""
-    yield from range(limit)
-    raise RuntimeError(f"Lab 1 grader: no suitable random case in {limit} draws (a grader bug; please report)")
+    return Device.from_datasheet(f"device-{rng.randrange(10**6)}", capacity_gb=sig3(rng.uniform(16, 192)),
+                                 bandwidth_tbps=sig3(rng.uniform(0.2, 8.0)), dense_tflops=sig3(rng.uniform(50, 2500)),
+                                 source="drawn by the Lab 1 grader")
 
 
 def _describe(config: ModelConfig) -> str:
@@ -89,46 +86,24 @@ def _describe(config: ModelConfig) -> str:
             f"{'tied' if config.tie_embeddings else 'untied'}")
 
 
-def _device_text(device: Accelerator) -> str:
-    return f"{device.capacity_gb:g} GB, {device.bandwidth_tbps:g} TB/s, {device.dense_tflops:g} TFLOP/s"
+def _device_text(device: Device) -> str:
+    return f"{device.memory / 1e9:g} GB, {device.bandwidth / 1e12:g} TB/s, {device.peak_flops / 1e12:g} TFLOP/s"
 
 
-def _close(a: float, b: float) -> bool:
-    return abs(a - b) <= significant_tolerance(FIGURES) * abs(b)
+def _same_figures(got: float, candidate: float) -> bool:
+    """A fault variant's time or intensity equals the learner's to the contract's 4 figures."""
+    return close(got, candidate, rel=significant_tolerance(FIGURES))
 
 
-def _diagnose(err: ContractError, got: float, variants: dict[str, Callable[[], float]], exact: bool = False):
-    """``err`` with the names of every known fault whose value equals ``got`` appended (several
-    can coincide when one term of a max hides another; ``exact``: only an exact int is compared,
-    so a rigged object is never diagnosed)."""
-    if exact and type(got) is not int:
-        return err
-    matches = []
-    for symptom, make in variants.items():
-        try:
-            candidate = make()
-        except Exception:  # a variant that cannot be evaluated on these inputs is not the answer
-            continue
-        if candidate is not None and ((got == candidate) if exact else _close(got, candidate)):
-            matches.append(symptom)
-    if not matches:
-        return err
-    if len(matches) == 1:
-        return ContractError(f"{err}\nDiagnosis: your number equals the formula with this fault: {matches[0]}"
-                             f"\n{_LIKELY}")
-    listed = "".join(f"\n  - {m}" for m in matches)
-    return ContractError(f"{err}\nDiagnosis: your number equals the formula with any of these faults "
-                         f"(on these inputs they give the same value):{listed}\n{_LIKELY}")
-
-
-_LIKELY = ("(a likely cause, not a certainty: a different bug can give the same value on these inputs; "
-           "check your code against the named formula)")
+def _same_int(got, candidate) -> bool:
+    """An exact count: only a plain int is compared, so a rigged object is never diagnosed."""
+    return type(got) is int and got == candidate
 
 
 # -- exercise 1: parameters and N_matmul -------------------------------------------------------
 def check_parameter_count(fn: Callable, seed: int = 0, cases: int = 6) -> None:
     """Contract: fn(config) returns (N, N_matmul) as exact ints, N counting every parameter (a tied
-    table once) and N_matmul leaving out an *untied* input embedding (COURSE_SPEC "Lab 1")."""
+    table once) and N_matmul leaving out an *untied* input embedding (``docs/roofline.md#counting-rule``)."""
     check_own_function("count_parameters", fn)
     rng = random.Random(seed)
     for case in range(cases):
@@ -149,7 +124,7 @@ def check_parameter_count(fn: Callable, seed: int = 0, cases: int = 6) -> None:
                 continue
             err = ContractError(f"{what}: {label} expected {expected:,}, got {got:,} "
                                 f"(difference {got - expected:+,})")
-            raise _diagnose(err, got, {
+            raise diagnose(err, got, {
                 "the untied input embedding counted in N_matmul (an embedding lookup is not a multiply)":
                     lambda: expected_mm + (0 if config.tie_embeddings else table) if label == "n_matmul" else None,
                 "a tied embedding counted twice (input table and output head are one matrix)":
@@ -165,7 +140,7 @@ def check_parameter_count(fn: Callable, seed: int = 0, cases: int = 6) -> None:
                 "the final norm left out": lambda: expected - d,
                 "two SwiGLU projections instead of three (the gate is missing)":
                     lambda: expected - L * d * config.d_ff,
-            }, exact=True)
+            }, _same_int)
 
 
 # -- exercise 2: KV bytes per token ------------------------------------------------------------
@@ -189,7 +164,7 @@ def check_kv_bytes_per_token(fn: Callable, seed: int = 0, cases: int = 6) -> Non
             check_bytes(got, kv_terms(config, nbytes), what=what)
         except ContractError as err:
             expected = math.prod(kv_terms(config, nbytes).values())
-            raise _diagnose(err, got, {
+            raise diagnose(err, got, {
                 "the factor 2 for K and V forgotten (the cache stores a key AND a value per head)":
                     lambda: expected // 2,
                 f"query heads ({config.n_heads}) used instead of KV heads ({config.n_kv_heads}): "
@@ -198,14 +173,15 @@ def check_kv_bytes_per_token(fn: Callable, seed: int = 0, cases: int = 6) -> Non
                 "both: query heads and no factor 2": lambda: expected // 2 // config.n_kv_heads * config.n_heads,
                 "d_model used instead of n_kv * head_dim": lambda: expected // (config.n_kv_heads * config.head_dim)
                     * config.d_model,
-            }, exact=True) from None
+            }, _same_int) from None
 
 
 # -- exercise 3: prefill time ------------------------------------------------------------------
 def check_prefill_time(fn: Callable, seed: int = 0, cases: int = 6) -> None:
-    """Contract: fn(config, device, tokens, mfu) equals (2*N_matmul*t + 2*L*d*t^2) / (mfu * peak)
-    in seconds, to 4 significant figures. Configs have d = n_heads * head_dim, the case the
-    spec's simplified attention term assumes (so 4*L*d*t and 4*L*n_h*d_h*t agree)."""
+    """Contract: fn(config, device, tokens, mfu) equals (2*N_matmul*t + 2*L*d*t^2) / (mfu * peak_flops)
+    in seconds, to 4 significant figures (``docs/roofline.md#prefill-time``). Configs have
+    d = n_heads * head_dim, the case the simplified attention term assumes (so 4*L*d*t and
+    4*L*n_h*d_h*t agree)."""
     check_own_function("prefill_time", fn)
     rng = random.Random(seed)
     for case in range(cases):
@@ -222,7 +198,7 @@ def check_prefill_time(fn: Callable, seed: int = 0, cases: int = 6) -> None:
         except ContractError as err:
             L, d, t, peak = config.n_layers, config.d_model, tokens, device.peak_flops
             nmm, n_all = ref.n_matmul(config), config.parameters()
-            raise _diagnose(err, check_real(what, got), {
+            raise diagnose(err, check_real(what, got), {
                 "MFU left out (divided by the peak, not mfu * peak)": lambda: expected * mfu,
                 "multiplied by MFU instead of dividing": lambda: expected * mfu * mfu,
                 "attention term 4*L*d*t^2 (the per-token 4*L*d*t summed without halving)":
@@ -232,63 +208,70 @@ def check_prefill_time(fn: Callable, seed: int = 0, cases: int = 6) -> None:
                     lambda: (2 * n_all * t + 2 * L * d * t * t) / (mfu * peak),
                 "one FLOP per weight instead of two (a multiply-add is 2 FLOPs)":
                     lambda: (nmm * t + 2 * L * d * t * t) / (mfu * peak),
-            }) from None
+                "peak_flops multiplied by 1e12 (a Device holds FLOP/s already, not TFLOP/s)":
+                    lambda: expected / 1e12,
+            }, _same_figures) from None
 
 
 # -- exercise 4: decode step bound -------------------------------------------------------------
 def check_decode_step_bound(fn: Callable, seed: int = 0, cases: int = 8) -> None:
-    """Contract: fn(config, device, batch, context, weight_bytes, kv_bytes_per_value) equals
-    max(memory, compute) in seconds to 4 significant figures, with
+    """Contract: fn(config, device, batch=, context=, weight_bytes=, kv_bytes_per_value=) equals
+    ``roofline.step_time`` of the step's bytes and FLOPs in seconds, to 4 significant figures
+    (``docs/roofline.md#decode-step-bound``): max(memory, compute) with
     memory = (weight_bytes + batch * kv_per_token * context) / bandwidth and
-    compute = (2*N_matmul*batch + 4*L*d*batch*context) / peak. Half the cases put the two terms
-    within a factor 3 of each other, where the max and the sum differ most."""
+    compute = (2*N_matmul*batch + 4*L*d*batch*context) / peak_flops. Half the cases put the two
+    terms within a factor 3 of each other, where the max and the sum differ most."""
     check_own_function("decode_step_bound", fn)
     rng = random.Random(seed)
     for case in range(cases):
-        for _ in _attempts():
+        for _ in attempts("Lab 1"):
             config = random_config(rng, tied=False if case == 0 else None, square=True)
             device = random_device(rng)
-            batch, context = rng.randint(1, 1024), rng.randint(1, 32768)
-            nbytes = rng.choice([1, 2, 2, 4])
-            weight_bytes = ref.n_matmul(config) * rng.choice([0.5, 1, 2])
-            bound = ref.decode_step_bound(config, device, batch, context, nbytes, weight_bytes)
+            sizes = dict(batch=rng.randint(1, 1024), context=rng.randint(1, 32768),
+                         weight_bytes=ref.n_matmul(config) * rng.choice([0.5, 1, 2]),
+                         kv_bytes_per_value=rng.choice([1, 2, 2, 4]))
+            bound = ref.decode_step(config, device, **sizes)
             balanced = max(bound.memory_s, bound.compute_s) <= 3 * min(bound.memory_s, bound.compute_s)
             # case 0: compute-bound with a weight term large enough that an N_matmul error shows
-            head_share = 2 * config.vocab_size * config.d_model * batch / bound.flops
+            head_share = 2 * config.vocab_size * config.d_model * sizes["batch"] / bound.flops
             if (bound.binding == "compute" and head_share > 0.01) if case == 0 else (balanced or case % 2):
                 break
+        batch, context, weight_bytes = sizes["batch"], sizes["context"], sizes["weight_bytes"]
         what = (f"decode_step_bound(case {case}: {_describe(config)}; {_device_text(device)}; batch {batch}, "
-                f"context {context}, weights {weight_bytes:,.0f} B, {nbytes} B/value)")
-        got = fn(config, device, batch, context, weight_bytes, nbytes)
+                f"context {context}, weights {weight_bytes:,.0f} B, {sizes['kv_bytes_per_value']} B/value)")
+        got = fn(config, device, **sizes)
         try:
             check_significant(got, bound.bound_s, figures=FIGURES, what=what)
         except ContractError as err:
-            kv = ref.kv_bytes_per_token(config, nbytes)
-            bw, peak = device.bandwidth, device.peak_flops
+            kv = ref.kv_bytes_per_token(config, sizes["kv_bytes_per_value"])
             flops = bound.flops
+
+            def step(bytes_moved=bound.bytes_moved, flops=flops, bandwidth=device.bandwidth,
+                     peak_flops=device.peak_flops):
+                return ref.step_time(bytes_moved=bytes_moved, flops=flops, bandwidth=bandwidth, peak_flops=peak_flops)
+
             err = ContractError(f"{err}\n(reference: memory time {bound.memory_s:.4g} s, compute time "
                                 f"{bound.compute_s:.4g} s, {bound.binding}-bound)")
-            raise _diagnose(err, check_real(what, got), {
+            raise diagnose(err, check_real(what, got), {
                 "memory time and compute time added instead of taking the max (the weight read and the "
                 "arithmetic overlap; the slower one bounds the step)": lambda: bound.memory_s + bound.compute_s,
-                "KV-cache bytes left out of the memory term": lambda: max(weight_bytes / bw, bound.compute_s),
+                "KV-cache bytes left out of the memory term": lambda: step(bytes_moved=weight_bytes),
                 "KV bytes without the factor 2 for K and V":
-                    lambda: max((weight_bytes + batch * kv / 2 * context) / bw, bound.compute_s),
+                    lambda: step(bytes_moved=weight_bytes + batch * kv / 2 * context),
                 "KV bytes with query heads instead of KV heads":
-                    lambda: max((weight_bytes + batch * kv // config.n_kv_heads * config.n_heads * context) / bw,
-                                bound.compute_s),
-                "bandwidth in binary TiB/s (2^40) instead of decimal TB/s":
-                    lambda: max(bound.bytes_moved / (device.bandwidth_tbps * 2 ** 40), bound.compute_s),
+                    lambda: step(bytes_moved=weight_bytes + batch * kv // config.n_kv_heads * config.n_heads * context),
+                "bandwidth multiplied by 1e12 (a Device holds bytes/s already, not TB/s)":
+                    lambda: step(bandwidth=device.bandwidth * 1e12),
+                "peak_flops multiplied by 1e12 (a Device holds FLOP/s already, not TFLOP/s)":
+                    lambda: step(peak_flops=device.peak_flops * 1e12),
                 "peak divided by an MFU of 0.5 (the decode bound uses the full peak: optimistic)":
-                    lambda: max(bound.memory_s, flops / (0.5 * peak)),
+                    lambda: step(peak_flops=0.5 * device.peak_flops),
                 "N (all parameters, with the untied input embedding) used instead of N_matmul in the compute term":
-                    lambda: max(bound.memory_s, (flops + 2 * batch * (config.parameters() - ref.n_matmul(config)))
-                                / peak),
-                "the KV read not multiplied by the batch": lambda: max((weight_bytes + kv * context) / bw,
-                                                                       bound.compute_s),
+                    lambda: step(flops=flops + 2 * batch * (config.parameters() - ref.n_matmul(config))),
+                "the KV read not multiplied by the batch": lambda: step(bytes_moved=weight_bytes + kv * context),
                 "only the memory time (the compute term is missing)": lambda: bound.memory_s,
                 "only the compute time (the memory term is missing)": lambda: bound.compute_s,
-            }) from None
+            }, _same_figures) from None
 
 
 # -- exercise 5: arithmetic intensity ----------------------------------------------------------
@@ -299,7 +282,7 @@ def _check_intensity_case(name: str, fn: Callable, args: tuple, expected: float,
     try:
         check_significant(got, expected, figures=FIGURES, what=what)
     except ContractError as err:
-        raise _diagnose(err, check_real(what, got), variants) from None
+        raise diagnose(err, check_real(what, got), variants, _same_figures) from None
 
 
 def _intensity_sizes(rng: random.Random) -> tuple[int, int, int, float]:
@@ -337,56 +320,58 @@ def check_gemm_intensity(fn: Callable, seed: int = 0, cases: int = 6) -> None:
 
 # -- exercise 6: requests that fit -------------------------------------------------------------
 def check_requests_that_fit(fn: Callable, seed: int = 0, cases: int = 6) -> None:
-    """Contract: fn(config, device, weight_bytes, prompt_tokens, output_tokens, overhead_gb) is the
-    exact int floor((capacity - weights - overhead) / (kv_per_token * (prompt + output))) with
-    capacity and overhead in decimal GB (1e9 bytes) and a 2-byte cache, or 0 if nothing fits.
-    Cases are drawn so that binary GiB would change the answer."""
+    """Contract: fn(config, device, weight_bytes=, prompt_tokens=, output_tokens=, overhead_gb=,
+    kv_bytes_per_value=) is the exact int floor((memory - weights - overhead) / (kv_per_token *
+    (prompt + output))), with the device's memory in bytes and the overhead in decimal GB
+    (1e9 bytes), or 0 if nothing fits (``docs/roofline.md#capacity``). Case 0 leaves nothing
+    free; the others are drawn so that an overhead read as binary GiB would change the answer."""
     check_own_function("requests_that_fit", fn)
     rng = random.Random(seed)
     for case in range(cases):
-        for _ in _attempts():
+        for _ in attempts("Lab 1"):
             config, device = random_config(rng), random_device(rng)
-            weight_bytes = ref.n_matmul(config) * rng.choice([0.5, 1, 2])
-            prompt, output = rng.randint(100, 16000), rng.randint(16, 8000)
-            overhead = rng.choice([0.0, 1.0, 2.5, 4.0])
-            expected = ref.requests_that_fit(config, device, prompt, output, overhead, weight_bytes)
-            per_request = ref.kv_bytes_per_token(config, 2) * (prompt + output)
-            binary = math.floor((device.capacity_gb * GIB - weight_bytes - overhead * GIB) / per_request)
-            free = device.capacity_bytes - weight_bytes - overhead * 1e9
+            sizes = dict(weight_bytes=ref.n_matmul(config) * rng.choice([0.5, 1, 2]),
+                         prompt_tokens=rng.randint(100, 16000), output_tokens=rng.randint(16, 8000),
+                         overhead_gb=rng.choice([0.0, 1.0, 2.5, 4.0]), kv_bytes_per_value=rng.choice([1, 2, 2]))
+            expected = ref.requests_that_fit(config, device, **sizes)
+            kv = ref.kv_bytes_per_token(config, sizes["kv_bytes_per_value"])
+            weight_bytes, overhead, tokens = sizes["weight_bytes"], sizes["overhead_gb"], \
+                sizes["prompt_tokens"] + sizes["output_tokens"]
+            free = device.memory - weight_bytes - overhead * 1e9
+            binary = math.floor((device.memory - weight_bytes - overhead * GIB) / (kv * tokens))
             if (free < 0) if case == 0 else (expected >= 2 and binary != expected):
                 break
         what = (f"requests_that_fit(case {case}: {_describe(config)}; {_device_text(device)}; weights "
-                f"{weight_bytes:,.0f} B, prompt {prompt}, output {output}, overhead {overhead} GB)")
-        got = fn(config, device, weight_bytes, prompt, output, overhead)
+                f"{weight_bytes:,.0f} B, prompt {sizes['prompt_tokens']}, output {sizes['output_tokens']}, "
+                f"overhead {overhead} GB, {sizes['kv_bytes_per_value']} B/value)")
+        got = fn(config, device, **sizes)
         value = check_int(what, got)
         if value == expected:
             continue
-        cap, kv = device.capacity_gb, ref.kv_bytes_per_token(config, 2)
-        err = ContractError(f"{what}: expected {expected:,}, got {value:,} (free "
-                            f"{(cap * 1e9 - weight_bytes - overhead * 1e9) / 1e9:.4g} GB, "
+        per_request = kv * tokens
+        err = ContractError(f"{what}: expected {expected:,}, got {value:,} (free {free / 1e9:.4g} GB, "
                             f"{per_request:,} B per full-length request)")
-        raise _diagnose(err, value, {
-            "binary GiB (2^30 bytes) used where the device's decimal GB (1e9 bytes) are specified":
-                lambda: max(0, binary),
-            "the capacity in binary GiB (2^30) instead of decimal GB":
-                lambda: max(0, math.floor((cap * GIB - weight_bytes - overhead * 1e9) / per_request)),
-            "the overhead in binary GiB (2^30) instead of decimal GB":
-                lambda: max(0, math.floor((cap * 1e9 - weight_bytes - overhead * GIB) / per_request)),
-            "the weights not subtracted from the capacity":
-                lambda: max(0, math.floor((cap * 1e9 - overhead * 1e9) / per_request)),
-            "the runtime overhead not subtracted": lambda: max(0, math.floor((cap * 1e9 - weight_bytes) / per_request)),
+
+        def fit(free=free, per_request=per_request, rounding=math.floor, floor_at_zero=True):
+            count = rounding(free / per_request)
+            return max(0, count) if floor_at_zero else count
+
+        memory = device.memory
+        raise diagnose(err, value, {
+            "the overhead in binary GiB (2^30 bytes) instead of decimal GB (1e9 bytes)":
+                lambda: fit(free=memory - weight_bytes - overhead * GIB),
+            "the weights not subtracted from the memory": lambda: fit(free=memory - overhead * 1e9),
+            "the runtime overhead not subtracted": lambda: fit(free=memory - weight_bytes),
             "only the prompt's KV counted (a full-length request also caches its output)":
-                lambda: max(0, math.floor((cap * 1e9 - weight_bytes - overhead * 1e9) / (kv * prompt))),
-            "KV bytes per token without the factor 2 for K and V":
-                lambda: max(0, math.floor((cap * 1e9 - weight_bytes - overhead * 1e9) / (per_request / 2))),
+                lambda: fit(per_request=kv * sizes["prompt_tokens"]),
+            "KV bytes per token without the factor 2 for K and V": lambda: fit(per_request=per_request / 2),
             "KV bytes per token with query heads instead of KV heads":
-                lambda: max(0, math.floor((cap * 1e9 - weight_bytes - overhead * 1e9)
-                                          / (per_request // config.n_kv_heads * config.n_heads))),
-            "rounded instead of floored (a partial request does not fit)":
-                lambda: max(0, round((cap * 1e9 - weight_bytes - overhead * 1e9) / per_request)),
-            "a negative count when nothing fits (should be 0)":
-                lambda: math.floor((cap * 1e9 - weight_bytes - overhead * 1e9) / per_request),
-        }, exact=True)
+                lambda: fit(per_request=per_request // config.n_kv_heads * config.n_heads),
+            "kv_bytes_per_value ignored (a 2-byte cache assumed)":
+                lambda: fit(per_request=ref.kv_bytes_per_token(config, 2) * tokens),
+            "rounded instead of floored (a partial request does not fit)": lambda: fit(rounding=round),
+            "a negative count when nothing fits (should be 0)": lambda: fit(floor_at_zero=False),
+        }, _same_int)
 
 
 # -- the lab's declared tables (see tables.py) -------------------------------------------------
@@ -422,13 +407,13 @@ FAULTS = (
            "test_requests_that_fit": "query heads instead of KV heads"},
           "sizes the KV cache with the query heads (ignores grouped-query attention)"),
     Fault("gib_for_gb",
-          (Edit("requests_that_fit", "free = device.capacity_gb * 1e9 - weight_bytes - overhead_gb * 1e9",
-                "free = device.capacity_gb * 2**30 - weight_bytes - overhead_gb * 2**30"),),
+          (Edit("requests_that_fit", "free = device.memory - weight_bytes - overhead_gb * 1e9",
+                "free = device.memory - weight_bytes - overhead_gb * 2**30"),),
           {"test_requests_that_fit": "binary GiB"},
-          "reads the device's decimal GB as binary GiB"),
+          "reads the overhead's decimal GB as binary GiB"),
     Fault("sum_not_max",
-          (Edit("decode_step_bound", "return max(bytes_moved / bandwidth, flops / peak)",
-                "return bytes_moved / bandwidth + flops / peak"),),
+          (Edit("decode_step_bound", "return max(bytes_moved / device.bandwidth, flops / device.peak_flops)",
+                "return bytes_moved / device.bandwidth + flops / device.peak_flops"),),
           {"test_decode_step_bound": "added instead of taking the max"},
           "adds the memory and compute times instead of taking the larger"),
     Fault("q_and_o_sized_d_by_d",

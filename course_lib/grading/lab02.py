@@ -21,10 +21,9 @@ from ..models.attention import attend_with_cache, causal_attention
 from ..models.config import ModelConfig, toy_config
 from ..models.decoder import Decoder, generate_full_recompute
 from ..models.rope import apply_rope
-from .tables import Contract, Edit, Fault, Writes, check_tables
 from .contracts import (ContractError, check_bytes, check_close, check_int_list, check_logits_close,
-                        check_own_function, check_tensor,
-                        first_divergence)
+                        check_own_function, check_tensor, diagnose, first_divergence)
+from .tables import Contract, Edit, Fault, Writes, check_tables
 
 # -- helpers ----------------------------------------------------------------------------------
 
@@ -34,17 +33,9 @@ def _matches(candidate: torch.Tensor, got: torch.Tensor, atol: float = 1e-5) -> 
             and bool(torch.allclose(got, candidate, atol=atol, rtol=1e-5)))
 
 
-def _diagnose(err: ContractError, got: torch.Tensor, variants: dict[str, Callable[[], torch.Tensor]],
-              atol: float = 1e-5) -> ContractError:
-    """Re-raise ``err`` with the name of the first known fault whose output equals ``got``."""
-    for symptom, make in variants.items():
-        try:
-            candidate = make()
-        except Exception:  # a variant that cannot run on these inputs just is not the answer
-            continue
-        if _matches(candidate, got, atol):
-            return ContractError(f"{err}\nDiagnosis: your output equals the reference with this fault: {symptom}")
-    return err
+def _matches_within(atol: float) -> Callable[[torch.Tensor, torch.Tensor], bool]:
+    """``contracts.diagnose``'s comparison for tensors: same shape and dtype, allclose within atol."""
+    return lambda got, candidate: _matches(candidate, got, atol)
 
 
 def interleaved_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
@@ -62,7 +53,7 @@ def interleaved_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> 
 
 
 # -- RoPE -------------------------------------------------------------------------------------
-def _rope64(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+def rope_float64(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Split-half RoPE computed in float64 throughout: the exact value float32 code approximates."""
     D = x.shape[-1]
     omega = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
@@ -105,18 +96,18 @@ def check_apply_rope(fn: Callable, seed: int = 0, cases: int = 4) -> None:
             positions[0] = 0
         got = fn(x.clone(), positions.clone(), theta)
         try:
-            check_close(got, _rope64(x, positions, theta), dtype=torch.float32, rtol=0.0,
+            check_close(got, rope_float64(x, positions, theta), dtype=torch.float32, rtol=0.0,
                         atol=rope_tolerance(x, positions),
                         what=f"apply_rope output (case {case}: x {tuple(x.shape)}, theta {theta:g})")
         except ContractError as err:
             got_t = check_tensor("apply_rope output", got)
-            raise _diagnose(err, got_t, {
+            raise diagnose(err, got_t, {
                 "rotary position off by one (rotated by position + 1)": lambda: apply_rope(x, positions + 1, theta),
                 "rotary position off by one (rotated by position - 1)": lambda: apply_rope(x, positions - 1, theta),
                 "interleaved pairs (2i, 2i+1) instead of split-half pairs (i, i + D/2)":
                     lambda: interleaved_rope(x, positions, theta),
                 "rotation in the wrong direction (sign of sin flipped)": lambda: apply_rope(x, -positions, theta),
-            }, atol=1e-2) from None
+            }, _matches_within(1e-2)) from None
 
 
 # -- cached attention step ----------------------------------------------------------------------
@@ -161,11 +152,11 @@ def check_attention_step(fn: Callable, seed: int = 0, cases: int = 4) -> None:
 
             def no_mask():
                 return _unmasked(q, ref_k[:, :, :start + T], ref_v[:, :, :start + T])
-            raise _diagnose(err, out, {
+            raise diagnose(err, out, {
                 "KV-head repeat misaligned: query head h read KV head h % n_kv instead of h // group "
                 "(torch.repeat where the grouping needs repeat_interleave)": misaligned,
                 "no causal mask inside the new block (query i also attended to later new keys)": no_mask,
-            }) from None
+            }, _matches_within(1e-5)) from None
 
 
 def _unmasked(q, k, v):
@@ -245,14 +236,14 @@ def check_generation(fn: Callable, seed: int = 0, model: Decoder | None = None,
         check_logits_close(logits, ref_logits, what="generation logits", tokens_actual=tokens,
                            tokens_expected=ref_tokens.tolist(), position_offset=prompt_len - 1)
     except ContractError as err:
-        raise _diagnose(err, logits, {
+        raise diagnose(err, logits, {
             "rotary position off by one: decode tokens were fed position p + 1 instead of p":
                 lambda: _generate_with_decode_positions(model, prompt, max_new_tokens, lambda i, c, t0: c + 1),
             "frozen position: every decode token was fed the same position (the prompt length)":
                 lambda: _generate_with_decode_positions(model, prompt, max_new_tokens, lambda i, c, t0: t0),
             "position reset to 0 on each append: every decode token was fed position 0":
                 lambda: _generate_with_decode_positions(model, prompt, max_new_tokens, lambda i, c, t0: 0),
-        }) from None
+        }, _matches_within(1e-5)) from None
     limit = prompt_len + max_new_tokens
     if counter.count > limit:
         raise ContractError(f"the logits are right but {counter.count} token ids went through the model; a "

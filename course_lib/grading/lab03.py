@@ -20,28 +20,31 @@ by n_out; p99 ITL as the mean of per-request p99s; ...) and names those the lear
 equals. ``variant_step`` and ``variant_bisect`` are the reference rules with one fault
 switched on.
 
-Learner signatures:
-    iteration_time(decodes, chunks, device) -> float seconds
-    schedule_step(running, queue, device, budget=256, max_running=256) -> StepPlan
+Learner signatures (a deployment is a ``course_lib.scheduling.Deployment``; ``iteration_time`` is
+the same function as ``course_lib.scheduling.iteration_time``, ``schedule_step`` as
+``course_lib.scheduling.chunked_step``):
+    iteration_time(decodes, chunks, deployment) -> float seconds
+    schedule_step(running, queue, deployment, budget=256, max_running=256) -> StepPlan
     serving_metrics(records, targets=(3.0, 0.1)) -> dict (ttft50, ttft99, itl50, itl99, tpot50, goodput)
     find_capacity(run, targets=(3.0, 0.1), lo=0.01, hi=4.0, steps=10) -> float
 """
 from __future__ import annotations
 
-import math
 import random
 from typing import Callable
 
 import numpy as np
 
 from .. import scheduling as ref
-from ..scheduling import Device, Request, RequestRecord, StepPlan
-from .contracts import ContractError, check_own_function, check_real
+from ..hardware import Device
+from ..roofline import step_time
+from ..scheduling import Deployment, Request, RequestRecord, StepPlan
+from .contracts import ContractError, attempts, check_own_function, check_real, close, named_faults
 from .tables import Contract, Edit, Fault, check_tables
 
 __all__ = ["check_iteration_time", "check_schedule_step", "check_step_in_a_run", "check_serving_metrics",
-           "check_find_capacity", "normalise_plan", "variant_step", "variant_bisect", "tiny_device", "METRIC_NAMES",
-           "RELATIVE", "CONTRACTS", "FAULTS"]
+           "check_find_capacity", "normalise_plan", "variant_step", "variant_bisect", "tiny_deployment",
+           "METRIC_NAMES", "RELATIVE", "CONTRACTS", "FAULTS"]
 
 #: Relative tolerance of the time and metric contracts (float rounding of exact formulas).
 RELATIVE = 1e-9
@@ -49,41 +52,27 @@ RELATIVE = 1e-9
 METRIC_NAMES = ("ttft50", "ttft99", "itl50", "itl99", "tpot50", "goodput")
 
 
-def tiny_device(memory: float, **overrides) -> Device:
-    """A device with 1 byte of KV per token, so memory is counted in positions, and small model
-    constants, so iteration times are easy numbers: weights 1000 B at 1000 B/s, 1e4 FLOP/s."""
-    fields = dict(memory=float(memory), bandwidth=1000.0, compute=1e4, kv=1, n_matmul=1, n_layers=1, d_model=1,
-                  weights=1000.0)
-    fields.update(overrides)
-    return Device(**fields)
+def tiny_deployment(kv_budget: float, *, bandwidth: float = 1000.0, peak_flops: float = 1e4, **model) -> Deployment:
+    """A deployment with 1 byte of KV per token, so the KV budget is counted in positions, and
+    small model constants, so iteration times are easy numbers: weights 1000 B at ``bandwidth``
+    1000 B/s, ``peak_flops`` 1e4 FLOP/s used in full (mfu 1). ``model``: other ``Deployment``
+    fields (n_matmul, n_layers, d_model, kv_bytes_per_token, weight_bytes). Its device has just
+    the memory the weights and the budget take."""
+    fields = dict(mfu=1.0, kv_budget=float(kv_budget), kv_bytes_per_token=1, n_matmul=1, n_layers=1, d_model=1,
+                  weight_bytes=1000.0)
+    fields.update(model)
+    device = Device("tiny", memory=fields["weight_bytes"] + fields["kv_budget"], bandwidth=bandwidth,
+                    peak_flops=peak_flops, source="a small device for the Lab 3 checks")
+    return Deployment(device=device, **fields)
 
 
 def _close(a: float, b: float) -> bool:
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    return abs(a - b) <= RELATIVE * max(abs(a), abs(b)) + 1e-300
-
-
-def _named(err: str, matches: list[str]) -> ContractError:
-    if not matches:
-        return ContractError(err)
-    likely = ("(a likely cause, not a certainty: a different bug can give the same result on these inputs; "
-              "check your code against the named rule)")
-    if len(matches) == 1:
-        return ContractError(f"{err}\nDiagnosis: your result equals the reference with this fault: {matches[0]}"
-                             f"\n{likely}")
-    listed = "".join(f"\n  - {m}" for m in matches)
-    return ContractError(f"{err}\nDiagnosis: your result equals the reference with any of these faults "
-                         f"(on these inputs they coincide):{listed}\n{likely}")
-
-
-def _attempts(limit: int = 100_000):
-    yield from range(limit)
-    raise RuntimeError(f"Lab 3 grader: no suitable random case in {limit} draws (a grader bug; please report)")
+    """The time and metric contract: agreement to a relative ``RELATIVE`` (1e-9)."""
+    return close(a, b, rel=RELATIVE)
 
 
 # -- exercise 1: iteration time ----------------------------------------------------------------
-def _time_variants(decodes, chunks, d: Device) -> dict[str, float]:
+def _time_variants(decodes, chunks, d: Deployment) -> dict[str, float]:
     """The cost model with each known fault, on the same inputs."""
     ctx_dec = sum(decodes)
     ctx_chunk = sum(c for _, c in chunks)
@@ -91,10 +80,13 @@ def _time_variants(decodes, chunks, d: Device) -> dict[str, float]:
     tri = sum(k * (k + 1) // 2 for k, _ in chunks)
     kc = sum(k * c for k, c in chunks)
 
-    def t(positions=positions, attention=ctx_dec + kc + tri, context=ctx_dec + ctx_chunk, combine=max):
-        memory = (d.weights + d.kv * context) / d.bandwidth
-        compute = (2 * d.n_matmul * positions + 4 * d.n_layers * d.d_model * attention) / d.compute
-        return combine(memory, compute)
+    def t(positions=positions, attention=ctx_dec + kc + tri, context=ctx_dec + ctx_chunk, combine=None):
+        bytes_moved, flops = ref.iteration_work(positions=positions, attention=attention, context=context,
+                                                deployment=d)
+        if combine is None:   # the reference's roofline max, with a wrong term
+            return step_time(bytes_moved=bytes_moved, flops=flops, bandwidth=d.device.bandwidth,
+                             peak_flops=d.usable_flops)
+        return combine(bytes_moved / d.device.bandwidth, flops / d.usable_flops)
 
     return {
         "memory time and compute time added instead of taking the max (the weight read is shared and "
@@ -113,9 +105,9 @@ def _time_variants(decodes, chunks, d: Device) -> dict[str, float]:
 
 
 def check_iteration_time(fn: Callable, seed: int = 0, cases: int = 6) -> None:
-    """Contract: fn(decodes, chunks, device) equals the cost model of ``docs/scheduling.md#cost-model``
-    within a relative 1e-9: max((weights + kv*(sum c_dec + sum c_chunk)) / bandwidth,
-    (2*N_matmul*positions + 4*L*d*attention) / compute) with attention = sum c_dec +
+    """Contract: fn(decodes, chunks, deployment) equals the cost model of ``docs/scheduling.md#cost-model``
+    within a relative 1e-9: max((weight_bytes + kv_bytes_per_token*(sum c_dec + sum c_chunk)) /
+    bandwidth, (2*N_matmul*positions + 4*L*d*attention) / (mfu * peak_flops)) with attention = sum c_dec +
     sum(k*c + k(k+1)/2). Case 0 is the reference figure of 17 decodes at 5,000 plus a 512-token
     chunk after 2,000 cached positions (123.36 ms, compute-bound); case 1 is memory-bound with
     short chunks, one-position ones included, on long cached contexts; the rest are drawn from
@@ -124,32 +116,33 @@ def check_iteration_time(fn: Callable, seed: int = 0, cases: int = 6) -> None:
     rng = random.Random(seed)
     for case in range(cases):
         if case == 0:
-            device, decodes, chunks = Device(), [5000] * 17, [(512, 2000)]
+            deployment, decodes, chunks = Deployment(), [5000] * 17, [(512, 2000)]
         elif case == 1:  # memory-bound, with chunks on long cached contexts: their bytes matter
-            device = Device()
+            deployment = Deployment()
             decodes = [rng.randint(3000, 6000) for _ in range(rng.randint(4, 12))]
             chunks = [(rng.randint(1, 8), rng.randint(4000, 8000))] + [
                 (1, rng.randint(3000, 6000)) for _ in range(rng.randint(1, 4))]   # decodes of a continuous batch
         else:
-            device = rng.choice(list(ref.PROFILES.values())).device if case % 2 else tiny_device(
-                rng.randint(100, 10_000), bandwidth=float(rng.randint(100, 5000)), compute=float(rng.randint(1000, 10**5)),
-                n_matmul=rng.randint(1, 50), n_layers=rng.randint(1, 4), d_model=rng.randint(1, 8))
-            big = device.n_matmul > 10**6
+            deployment = rng.choice(list(ref.PROFILES.values())).deployment if case % 2 else tiny_deployment(
+                rng.randint(100, 10_000), bandwidth=float(rng.randint(100, 5000)),
+                peak_flops=float(rng.randint(1000, 10**5)), n_matmul=rng.randint(1, 50), n_layers=rng.randint(1, 4),
+                d_model=rng.randint(1, 8))
+            big = deployment.n_matmul > 10**6
             decodes = [rng.randint(0, 8000 if big else 300) for _ in range(rng.randint(0, 40 if big else 6))]
             chunks = [(rng.randint(1, 512 if big else 40), rng.randint(0, 6000 if big else 200))
                       for _ in range(rng.randint(0 if decodes else 1, 3))]
         what = f"iteration_time(case {case}: {len(decodes)} decodes, chunks {chunks})"
-        got = check_real(what, fn(list(decodes), [tuple(c) for c in chunks], device))
-        expected = ref.iteration_time(decodes, chunks, device)
+        got = check_real(what, fn(list(decodes), [tuple(c) for c in chunks], deployment))
+        expected = ref.iteration_time(decodes, chunks, deployment)
         if _close(got, expected):
             continue
         err = f"{what}: expected {expected:.10g} s, got {got:.10g} s (relative error must be <= {RELATIVE:g})"
-        raise _named(err, [name for name, value in _time_variants(decodes, chunks, device).items()
-                           if _close(got, value)])
+        raise named_faults(err, [name for name, value in _time_variants(decodes, chunks, deployment).items()
+                                 if _close(got, value)])
 
 
 # -- exercise 2: the chunked policy's scheduling step ------------------------------------------
-def variant_step(running, queue, device: Device, budget, max_running, *, evict_newest: bool = True,
+def variant_step(running, queue, deployment: Deployment, budget, max_running, *, evict_newest: bool = True,
                  count_generated: bool = True, admit_fraction: float = ref.ADMIT_FRACTION,
                  share_budget: bool = True, evict_at_full: bool = False,
                  free_decodes: bool = False, decodes_apart: bool = False) -> StepPlan | None:
@@ -158,13 +151,13 @@ def variant_step(running, queue, device: Device, budget, max_running, *, evict_n
     ``scheduling.plan_chunks``); each flag changes one of them:
 
     evict_newest=False: evict the oldest; count_generated=False: a re-prefill of the prompt
-    only; admit_fraction: admission against another fraction of memory; share_budget=False:
+    only; admit_fraction: admission against another fraction of the KV budget; share_budget=False:
     every request gets up to the whole budget; evict_at_full: evict when the growth would
-    exactly fill memory; free_decodes: one-position chunks (decodes) take no budget;
+    exactly fill the KV budget; free_decodes: one-position chunks (decodes) take no budget;
     decodes_apart: decodes listed in ``StepPlan.decodes`` and taking no budget (the decode
     term of static batching carried over)."""
     required = [prompt + (generated if count_generated else 0) for prompt, generated in queue]
-    limit = ref.max_tokens(admit_fraction * device.memory, device.kv)
+    limit = ref.max_tokens(admit_fraction * deployment.kv_budget, deployment.kv_bytes_per_token)
     admitted = ref.admit(sum(f for f, _ in running), required, limit=limit, room=max_running - len(running))
     table = list(running) + [(0, cost) for cost in required[:admitted]]
     live = list(range(len(table)))
@@ -178,7 +171,7 @@ def variant_step(running, queue, device: Device, budget, max_running, *, evict_n
         chunks = sorted([(i, k) for i, k in zip(planned, sizes) if k > 0]
                         + ([] if decodes_apart else [(i, 1) for i in decodes]))
         total = sum(table[i][0] for i in live) + len(decodes) * decodes_apart + sum(k for _, k in chunks)
-        if total > device.kv_tokens or (evict_at_full and total == device.kv_tokens):
+        if total > deployment.kv_tokens or (evict_at_full and total == deployment.kv_tokens):
             evicted.append(live.pop() if evict_newest else live.pop(0))
             continue
         return StepPlan(admitted, tuple(sorted(evicted)), tuple(decodes) if decodes_apart else (), tuple(chunks))
@@ -189,10 +182,10 @@ _STEP_FAULTS = {
     "the oldest running request evicted instead of the most recently admitted one": dict(evict_newest=False),
     "a preempted request re-prefills only its prompt, forgetting the tokens it had already generated "
     "(cost and prefill target must be prompt + generated)": dict(count_generated=False),
-    "admission checked against all of memory instead of 0.99 of it": dict(admit_fraction=1.0),
+    "admission checked against all of the KV budget instead of 0.99 of it": dict(admit_fraction=1.0),
     "every chunk gets up to the full budget (the 256 positions are per iteration, shared "
     "in admission order)": dict(share_budget=False),
-    "eviction when the growth would exactly fill memory (evict only when it would exceed it: > not >=)":
+    "eviction when the growth would exactly fill the KV budget (evict only when it would exceed it: > not >=)":
         dict(evict_at_full=True),
     "a decoding request's one-position chunk left out of the budget (every position an iteration "
     "processes counts against it, decodes included, walked in admission order)": dict(free_decodes=True),
@@ -215,10 +208,10 @@ def normalise_plan(what: str, plan) -> StepPlan:
 
 
 def _draw_step_case(rng: random.Random, kind: str):
-    """A feasible scheduling situation on a tiny device; ``kind`` forces what it exercises."""
-    for _ in _attempts():
+    """A feasible scheduling situation on a tiny deployment; ``kind`` forces what it exercises."""
+    for _ in attempts("Lab 3"):
         memory = rng.randint(150, 1500)
-        device = tiny_device(memory)
+        deployment = tiny_deployment(memory)
         running = []
         for _ in range(rng.randint(0, 8)):
             if rng.random() < 0.4:   # a prefill (or re-prefill) under way
@@ -234,10 +227,10 @@ def _draw_step_case(rng: random.Random, kind: str):
         if not running and not queue:
             continue
         try:
-            plan = ref.chunked_step(running, queue, device, budget=budget, max_running=max_running)
+            plan = ref.chunked_step(running, queue, deployment, budget=budget, max_running=max_running)
         except ValueError:  # RequestTooLargeError: not a situation the exercise asks about
             continue
-        args = (running, queue, device, budget, max_running)
+        args = (running, queue, deployment, budget, max_running)
         if kind == "preempt" and not (plan.preempted and any(f > 0 for f, _ in running[:-1])):
             continue
         if kind == "generated" and not any(g for _, g in queue[:plan.admitted + 1]):
@@ -248,34 +241,34 @@ def _draw_step_case(rng: random.Random, kind: str):
 
 
 def check_schedule_step(fn: Callable, seed: int = 0, cases: int = 8, trace: bool = True) -> None:
-    """Contract: fn(running, queue, device, budget, max_running) returns the same plan as the
+    """Contract: fn(running, queue, deployment, budget, max_running) returns the same plan as the
     reference chunked step (``course_lib.scheduling.chunked_step``; ``docs/scheduling.md#admission``
     and the two sections after it): FIFO admission while fewer than max_running run and used +
-    prompt + generated <= 0.99 * memory (in positions at kv bytes each); then, walking the running
+    prompt + generated <= 0.99 * kv_budget (in positions at kv_bytes_per_token each); then, walking the running
     requests in admission order, a chunk of min(target - filled, budget left) each (a decoding
     request has 1 left and takes one position of the budget; a chunk of 0 is skipped); and, while
-    contexts + this iteration's growth exceed memory, eviction of the most recently admitted
+    contexts + this iteration's growth exceed the KV budget, eviction of the most recently admitted
     request. The first cases force situations where a known fault changes the plan: a preemption,
     a re-prefill of generated tokens, the 0.99 admission limit, growth that would exactly fill
-    memory (allowed: evict only when it would exceed it) and decodes competing with a prefill for
+    the KV budget (allowed: evict only when it would exceed it) and decodes competing with a prefill for
     the budget. With ``trace`` the function also drives a small simulation (``run_with_step``)
     that must give the reference's token timestamps."""
     check_own_function("schedule_step", fn)
     rng = random.Random(seed)
     for case in range(cases):
         kinds = list(_STEP_KINDS)
-        (running, queue, device, budget, max_running), expected = _draw_step_case(
+        (running, queue, deployment, budget, max_running), expected = _draw_step_case(
             rng, kinds[case] if case < len(kinds) else "any")
-        what = (f"schedule_step(case {case}: running {running}, queue {queue}, memory {device.memory:g} "
-                f"positions, budget {budget}, max_running {max_running})")
-        got = normalise_plan(what, fn([tuple(r) for r in running], [tuple(q) for q in queue], device,
+        what = (f"schedule_step(case {case}: running {running}, queue {queue}, KV budget "
+                f"{deployment.kv_budget:g} positions, budget {budget}, max_running {max_running})")
+        got = normalise_plan(what, fn([tuple(r) for r in running], [tuple(q) for q in queue], deployment,
                                       budget=budget, max_running=max_running))
         if got == expected:
             continue
         err = f"{what}:\n  expected {expected}\n  got      {got}"
-        args = (running, queue, device, budget, max_running)
-        raise _named(err, [name for name, flags in _STEP_FAULTS.items()
-                           if variant_step(*args, **flags) == got])
+        args = (running, queue, deployment, budget, max_running)
+        raise named_faults(err, [name for name, flags in _STEP_FAULTS.items()
+                                 if variant_step(*args, **flags) == got])
     if trace:
         check_step_in_a_run(fn, rng)
 
@@ -283,29 +276,29 @@ def check_schedule_step(fn: Callable, seed: int = 0, cases: int = 8, trace: bool
 def check_step_in_a_run(fn: Callable, rng: random.Random) -> None:
     """Drive ``run_with_step`` with fn on a small trace that preempts (drawn from ``rng``) and
     compare every token time and preemption count with the reference step's run."""
-    for _ in _attempts():
+    for _ in attempts("Lab 3"):
         memory = rng.randint(300, 700)
         requests, t = [], 0.0
         for _ in range(rng.randint(3, 6)):
             t += rng.choice([0.0, 0.5, 1.0, 3.0])
             requests.append(Request(t, rng.randint(20, memory // 3), rng.randint(2, 60)))
-        device = tiny_device(memory)
+        deployment = tiny_deployment(memory)
         try:
-            expected = ref.run_trace(requests, "chunked", device)
+            expected = ref.run_trace(requests, "chunked", deployment)
         except ValueError:
             continue
         if sum(r.preemptions for r in expected) and any(r.preemptions for r in expected[:-1]):
             break
 
-    def step(running, queue, device, *, budget, max_running):
-        return normalise_plan("schedule_step (inside a simulation)", fn(running, queue, device, budget=budget,
+    def step(running, queue, deployment, *, budget, max_running):
+        return normalise_plan("schedule_step (inside a simulation)", fn(running, queue, deployment, budget=budget,
                                                                         max_running=max_running))
 
-    what = (f"a simulation driven by schedule_step ({len(requests)} requests, memory {memory} positions, "
+    what = (f"a simulation driven by schedule_step ({len(requests)} requests, KV budget {memory} positions, "
             "budget 32 positions per iteration)")
     try:
-        got = ref.run_with_step(requests, device, step=step, budget=32)
-        expected = ref.run_with_step(requests, device, step=ref.chunked_step, budget=32)
+        got = ref.run_with_step(requests, deployment, step=step, budget=32)
+        expected = ref.run_with_step(requests, deployment, step=ref.chunked_step, budget=32)
     except ContractError:
         raise
     except ValueError as exc:
@@ -398,8 +391,8 @@ def check_serving_metrics(fn: Callable, seed: int = 0, cases: int = 3) -> None:
             if _close(value, expected[key]):
                 continue
             err = f"{what}: {key} expected {expected[key]:.10g}, got {value:.10g}"
-            raise _named(err, [name for name, values in _metric_variants(records, targets).items()
-                               if key in values and _close(value, values[key])])
+            raise named_faults(err, [name for name, values in _metric_variants(records, targets).items()
+                                     if key in values and _close(value, values[key])])
 
 
 # -- exercise 4: the capacity search -----------------------------------------------------------
@@ -487,7 +480,7 @@ def check_find_capacity(fn: Callable, seed: int = 0, cases: int = 4) -> None:
             result = variant_bisect(lambda r: (trail.append(r), run(r))[1], targets, lo, hi, steps, **flags)
             if _same_search(got, probed, result, trail):
                 matches.append(name)
-        raise _named(err, matches)
+        raise named_faults(err, matches)
 
 
 # -- the lab's declared tables (see tables.py) -------------------------------------------------

@@ -10,24 +10,24 @@ bit for bit, from running totals), ``simulator`` (``run_trace``, ``simulate``), 
 searches.
 """
 from .capacity_search import BISECTION_STEPS, RATE_BOUNDS, capacity, meets_targets
-from .cost import (CASE_D_MODEL, CASE_KV_BYTES, CASE_LAYERS, CASE_N_MATMUL, PROFILES, Device, DeviceProfile,
-                   cost_per_million_tokens, iteration_seconds, iteration_time, max_tokens)
+from .cost import (CASE_D_MODEL, CASE_KV_BYTES_PER_TOKEN, CASE_LAYERS, CASE_N_MATMUL, PROFILES, Deployment, Profile,
+                   cost_per_million_tokens, iteration_seconds, iteration_time, iteration_work, max_tokens)
 from .metrics import DEFAULT_TARGETS, METRIC_KEYS, metrics
-from .reference import POLICIES, resolve_device, run_reference, run_with_step
+from .reference import POLICIES, resolve_deployment, run_reference, run_with_step
 from .simulator import run_trace, simulate
 from .step import (ADMIT_FRACTION, CHUNK_BUDGET, MAX_RUNNING, STATIC_BATCH, STATIC_WAIT, RequestTooLargeError,
                    StepPlan, admit, admit_limit, as_plan, chunked_step, evictions, plan_chunks)
 from .workload import MAX_OUTPUT, Request, RequestRecord, make_workload
 
 __all__ = [
-    "Device", "DeviceProfile", "PROFILES", "iteration_time", "iteration_seconds", "max_tokens",
+    "Deployment", "Profile", "PROFILES", "iteration_time", "iteration_work", "iteration_seconds", "max_tokens",
     "cost_per_million_tokens",
-    "CASE_N_MATMUL", "CASE_LAYERS", "CASE_D_MODEL", "CASE_KV_BYTES",
+    "CASE_N_MATMUL", "CASE_LAYERS", "CASE_D_MODEL", "CASE_KV_BYTES_PER_TOKEN",
     "Request", "RequestRecord", "make_workload", "MAX_OUTPUT",
     "StepPlan", "as_plan", "chunked_step", "admit", "plan_chunks", "evictions", "admit_limit",
     "RequestTooLargeError",
     "CHUNK_BUDGET", "MAX_RUNNING", "ADMIT_FRACTION", "STATIC_BATCH", "STATIC_WAIT",
-    "POLICIES", "run_trace", "run_reference", "run_with_step", "simulate", "resolve_device",
+    "POLICIES", "run_trace", "run_reference", "run_with_step", "simulate", "resolve_deployment",
     "metrics", "METRIC_KEYS", "DEFAULT_TARGETS",
     "capacity", "meets_targets", "BISECTION_STEPS", "RATE_BOUNDS",
 ]

@@ -4,7 +4,7 @@ Run: ``python -m course_lib.scheduling.bench [--repeats 3] [--warmup 1] [--count
 
 The sweep is 4 policies x nominal rates 0.10, 0.20, 0.25, 0.30, 0.35, 0.40 req/s x 300
 requests (``docs/scheduling.md``); each capacity search is 10 chunked runs (``capacity``), one
-per device profile of ``PROFILES``. Each part is run ``--warmup`` times, then timed
+per priced deployment of ``PROFILES``. Each part is run ``--warmup`` times, then timed
 ``--repeats`` times with ``time.perf_counter``; the median wall-clock time is printed (a
 *measurement* on this machine's CPU; the simulator is single-threaded Python + numpy). Then
 the sweep table (simulated seconds, tokens/s, requests/s) and the capacity results.
@@ -34,7 +34,7 @@ def sweep(rates=SWEEP_RATES, policies=POLICIES, count: int = 300) -> list[dict]:
 
 def capacities(count: int = 300) -> dict:
     """{profile name: (nominal rate, metrics)} from ``capacity`` on each of ``PROFILES``."""
-    return {name: capacity(profile.device, count=count) for name, profile in PROFILES.items()}
+    return {name: capacity(profile.deployment, count=count) for name, profile in PROFILES.items()}
 
 
 def _timed(fn, warmup: int, repeats: int):

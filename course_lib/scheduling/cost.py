@@ -1,14 +1,14 @@
-"""The iteration cost model of Lab 3: scheduling (``docs/scheduling.md``).
+"""The iteration cost model of Lab 3: scheduling (``docs/scheduling.md#cost-model``).
 
 One *iteration* of a serving engine runs a set of decoding sequences (each reads its
 cached context c and adds one position) and a set of *chunks* (k new positions written on
-top of c cached ones). Its time is a roofline bound:
+top of c cached ones). Its time is a roofline bound (``roofline.step_time``):
 
     positions = decodes + sum(k)
     attention = sum(c over decodes) + sum(k*c + k*(k+1)/2 over chunks)
     FLOPs     = 2 * N_matmul * positions + 4 * L * d * attention
-    bytes     = weights + KV/token * (sum(c over decodes) + sum(c over chunks))
-    time      = max(bytes / bandwidth, FLOPs / compute)
+    bytes     = weight_bytes + kv_bytes_per_token * (sum(c over decodes) + sum(c over chunks))
+    time      = max(bytes / bandwidth, FLOPs / (mfu * peak_flops))
 
 The weights are read once per iteration and shared by every sequence in it, so the two
 times are combined with a max, not a sum (Orca, OSDI'22, batches at this iteration level).
@@ -18,21 +18,23 @@ The continuous policies (``step.py``) run every request as a chunk: a request th
 is a chunk of k = 1 on its c cached positions (attention c + 1, bytes c), as vLLM schedules
 decode tokens. Only static batching uses the decodes term (attention c).
 
-``Device`` carries both the accelerator (memory budget for the KV cache, bandwidth, usable
-compute) and the served model (N_matmul, L, d, weight bytes, KV bytes per token); its
-defaults are the course's case model on the 24GB-1.0 device at 50 % MFU. ``PROFILES`` holds
-the four priced device profiles of the lab.
+A ``Deployment`` is what the cost model prices: a ``hardware.Device`` (bandwidth, peak
+compute, memory) serving one model (N_matmul, L, d, weight bytes, KV bytes per token) at an
+MFU, with a KV-cache budget. Its defaults are the course's case model on the 24GB-1.0 device
+at 50 % MFU with 16e9 B of KV budget. ``PROFILES`` holds the four priced deployments of the lab.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from ..roofline import CASE_WEIGHT_BYTES, case_model, n_matmul
-from ..validation import instance, nonnegative_integer, positive_integer, positive_number
+from ..hardware import DEVICES, REFERENCE_DEVICES, Device
+from ..roofline import CASE_WEIGHT_BYTES, case_model, n_matmul, step_time
+from ..validation import instance, nonnegative_integer, number, positive_integer, positive_number
 
-__all__ = ["Device", "DeviceProfile", "PROFILES", "iteration_time", "iteration_seconds", "max_tokens",
-           "cost_per_million_tokens", "CASE_N_MATMUL", "CASE_LAYERS", "CASE_D_MODEL", "CASE_KV_BYTES"]
+__all__ = ["Deployment", "Profile", "PROFILES", "iteration_time", "iteration_work", "iteration_seconds",
+           "max_tokens", "cost_per_million_tokens", "CASE_N_MATMUL", "CASE_LAYERS", "CASE_D_MODEL",
+           "CASE_KV_BYTES_PER_TOKEN"]
 
 _CASE = case_model()
 #: Parameters in matrix multiplies per token of the case model: 8,927,875,072 (Lab 1).
@@ -41,99 +43,133 @@ CASE_N_MATMUL: int = n_matmul(_CASE)
 CASE_LAYERS: int = _CASE.n_layers
 CASE_D_MODEL: int = _CASE.d_model
 #: KV-cache bytes per token of the case model in bf16: 2 * 36 * 8 * 128 * 2 = 147,456.
-CASE_KV_BYTES: int = _CASE.kv_bytes_per_token(2)
+CASE_KV_BYTES_PER_TOKEN: int = _CASE.kv_bytes_per_token(2)
 
 
 @dataclass(frozen=True)
-class Device:
-    """A device serving one model, as the Lab 3 cost model sees it.
+class Deployment:
+    """A device serving one model, as the Lab 3 cost model sees it (``docs/scheduling.md#cost-model``).
 
-    Attributes (defaults: the course's case model on 24GB-1.0, ``docs/scheduling.md``):
-        memory: KV-cache budget in bytes (16e9). Admission compares against 0.99 of it;
-            growth (preemption) against all of it.
-        bandwidth: memory bandwidth in bytes/s (1e12).
-        compute: usable compute in FLOP/s (0.5 * 165e12: peak at 50 % MFU).
-        kv: KV-cache bytes per token position (147,456 for bf16 K and V).
+    Attributes (defaults: the course's case model on 24GB-1.0 at 50 % MFU):
+        device: the ``hardware.Device`` (memory in bytes, bandwidth in bytes/s, peak_flops in
+            FLOP/s); default ``REFERENCE_DEVICES["24GB-1.0"]`` (24e9 B, 1e12 B/s, 165e12 FLOP/s).
+        mfu: model FLOP utilisation in (0, 1]: the share of ``peak_flops`` an iteration
+            reaches (0.5, a planning assumption). ``usable_flops`` = mfu * peak_flops.
+        kv_budget: bytes of device memory for the KV cache (16e9 = 24 GB - 5.5 GB of weights
+            - 2.5 GB of runtime overhead, Lab 1's free memory: ``docs/roofline.md#capacity``).
+            Admission compares against 0.99 of it; growth (preemption) against all of it.
         n_matmul: parameters taking part in a matrix multiply per token (8,927,875,072).
         n_layers: decoder layers L (36).
         d_model: model width d (4096).
-        weights: bytes of weights read once per iteration (5.5e9).
+        kv_bytes_per_token: KV-cache bytes per token position (147,456 for bf16 K and V).
+        weight_bytes: bytes of weights read once per iteration (5.5e9).
 
     Raises:
-        TypeError: a field that is not a real number (bool refused).
-        ValueError: a field that is not positive and finite.
+        TypeError: a device that is not a ``Device``; a number field that is not a real
+            number (bool refused).
+        ValueError: a number that is not positive and finite, mfu above 1, or weights plus
+            KV budget larger than the device's memory.
     """
 
-    memory: float = 16e9
-    bandwidth: float = 1e12
-    compute: float = 0.5 * 165e12
-    kv: float = CASE_KV_BYTES
+    device: Device = REFERENCE_DEVICES["24GB-1.0"]
+    mfu: float = 0.5
+    kv_budget: float = 16e9
     n_matmul: int = CASE_N_MATMUL
     n_layers: int = CASE_LAYERS
     d_model: int = CASE_D_MODEL
-    weights: float = CASE_WEIGHT_BYTES
+    kv_bytes_per_token: float = CASE_KV_BYTES_PER_TOKEN
+    weight_bytes: float = CASE_WEIGHT_BYTES
 
     def __post_init__(self) -> None:
-        for name in ("memory", "bandwidth", "compute", "kv", "n_matmul", "n_layers", "d_model", "weights"):
-            positive_number(f"Device.{name}", getattr(self, name))
+        instance("Deployment.device", self.device, Device)
+        number("Deployment.mfu", self.mfu, minimum=0, maximum=1, open_minimum=True)
+        for name in ("kv_budget", "n_matmul", "n_layers", "d_model", "kv_bytes_per_token", "weight_bytes"):
+            positive_number(f"Deployment.{name}", getattr(self, name))
+        if self.weight_bytes + self.kv_budget > self.device.memory:
+            raise ValueError(f"Deployment: weight_bytes {self.weight_bytes:.4g} B + kv_budget {self.kv_budget:.4g} B "
+                             f"exceed the memory of {self.device.name} ({self.device.memory:.4g} B)")
+
+    @property
+    def usable_flops(self) -> float:
+        """Compute an iteration reaches, in FLOP/s: mfu * device.peak_flops (0.5 * 165e12)."""
+        return self.mfu * self.device.peak_flops
 
     @property
     def kv_tokens(self) -> int:
-        """Largest number of cached positions whose bytes (tokens * kv) fit in ``memory``."""
-        return max_tokens(self.memory, self.kv)
+        """Largest number of cached positions whose bytes (tokens * kv_bytes_per_token) fit in
+        ``kv_budget``."""
+        return max_tokens(self.kv_budget, self.kv_bytes_per_token)
 
 
 @dataclass(frozen=True)
-class DeviceProfile:
-    """A named, priced device for the capacity and cost part of Lab 3.
+class Profile:
+    """A named, priced deployment for the capacity and cost part of Lab 3
+    (``docs/scheduling.md#device-profiles-and-prices``).
 
-    Attributes: name; device (a ``Device``); dollars_per_hour (assumed rental price, $/h).
+    Attributes: name; deployment (a ``Deployment``); dollars_per_hour (assumed rental price, $/h).
     """
 
     name: str
-    device: Device
+    deployment: Deployment
     dollars_per_hour: float
 
 
-def _profiles() -> dict[str, DeviceProfile]:
-    base = Device()
+def _profiles() -> dict[str, Profile]:
+    base = Deployment()
     return {p.name: p for p in (
-        DeviceProfile("24GB-bf16", base, 1.00),
-        DeviceProfile("24GB-int8", replace(base, kv=73_728), 1.00),
-        DeviceProfile("H100-bf16", replace(base, memory=72e9, bandwidth=3.35e12, compute=0.5 * 989e12), 2.50),
-        DeviceProfile("L4-bf16", replace(base, bandwidth=0.30e12, compute=0.5 * 121e12), 0.80),
+        Profile("24GB-bf16", base, 1.00),
+        Profile("24GB-int8", replace(base, kv_bytes_per_token=73_728), 1.00),
+        Profile("H100-bf16", replace(base, device=DEVICES["H100 SXM"], kv_budget=72e9), 2.50),
+        Profile("L4-bf16", replace(base, device=REFERENCE_DEVICES["24GB-0.3"]), 0.80),
     )}
 
 
-#: The lab's four device profiles (``docs/scheduling.md``): unlisted fields keep the 24GB-bf16 values.
-PROFILES: dict[str, DeviceProfile] = _profiles()
+#: The lab's four priced deployments (``docs/scheduling.md#device-profiles-and-prices``):
+#: unlisted fields keep the 24GB-bf16 values; H100-bf16 is the H100 SXM (80 GB, 3.35 TB/s,
+#: 989 TFLOP/s) with 72e9 B of KV budget, L4-bf16 the 24GB-0.3 device (0.30 TB/s, 121 TFLOP/s).
+PROFILES: dict[str, Profile] = _profiles()
 
 
-def max_tokens(limit: float, kv) -> int:
-    """Largest integer T >= 0 with T * kv <= limit (bytes; the exact byte comparison, done once,
-    so the simulators compare positions with integers)."""
-    tokens = max(0, int(limit // kv))
-    while (tokens + 1) * kv <= limit:
+def max_tokens(limit: float, kv_bytes_per_token) -> int:
+    """Largest integer T >= 0 with T * kv_bytes_per_token <= limit (bytes; the exact byte
+    comparison, done once, so the simulators compare positions with integers)."""
+    tokens = max(0, int(limit // kv_bytes_per_token))
+    while (tokens + 1) * kv_bytes_per_token <= limit:
         tokens += 1
-    while tokens > 0 and tokens * kv > limit:
+    while tokens > 0 and tokens * kv_bytes_per_token > limit:
         tokens -= 1
     return tokens
 
 
-def iteration_seconds(*, positions: int, attention: int, context: int, device: Device) -> float:
-    """An iteration's time (s) from its three integer totals: max((weights + kv * context) /
-    bandwidth, (2 * n_matmul * positions + 4 * n_layers * d_model * attention) / compute).
+def iteration_work(*, positions, attention, context, deployment: Deployment):
+    """An iteration's (bytes moved, FLOPs) from its three integer totals:
 
-    Every caller (``iteration_time``, both simulators) goes through here, so they do the same
-    float operations in the same order; the fast simulator's numpy form copies this line.
+        bytes = weight_bytes + kv_bytes_per_token * context
+        FLOPs = 2 * n_matmul * positions + 4 * n_layers * d_model * attention
+
+    The totals may be numpy int64 arrays (the fast simulator's stretches; the results are then
+    arrays). No checks: the totals are the callers' own integers."""
+    d = deployment
+    return (d.weight_bytes + d.kv_bytes_per_token * context,
+            2 * d.n_matmul * positions + 4 * d.n_layers * d.d_model * attention)
+
+
+def iteration_seconds(*, positions, attention, context, deployment: Deployment):
+    """An iteration's time (s) from its three integer totals: ``roofline.step_time`` of
+    ``iteration_work`` at the device's bandwidth and the deployment's ``usable_flops``.
+
+    Every caller (``iteration_time``, both simulators; the fast one with numpy arrays of
+    totals) goes through here, so they do the same float operations in the same order.
     No checks: the totals are the callers' own integers."""
-    memory_s = (device.weights + device.kv * context) / device.bandwidth
-    compute_s = (2 * device.n_matmul * positions + 4 * device.n_layers * device.d_model * attention) / device.compute
-    return max(memory_s, compute_s)
+    bytes_moved, flops = iteration_work(positions=positions, attention=attention, context=context,
+                                        deployment=deployment)
+    return step_time(bytes_moved=bytes_moved, flops=flops, bandwidth=deployment.device.bandwidth,
+                     peak_flops=deployment.usable_flops)
 
 
-def iteration_time(decodes: Sequence[int], chunks: Sequence[tuple[int, int]], device: Device | None = None) -> float:
-    """Time of one serving iteration in seconds (a bound: the cost model of ``docs/scheduling.md``).
+def iteration_time(decodes: Sequence[int], chunks: Sequence[tuple[int, int]], deployment: Deployment) -> float:
+    """Time of one serving iteration in seconds (a bound: ``docs/scheduling.md#cost-model``).
+    The Lab 3 exercise of the same name takes the same arguments.
 
     Args:
         decodes: cached context c (positions, int >= 0) of each decoding sequence; each
@@ -141,22 +177,22 @@ def iteration_time(decodes: Sequence[int], chunks: Sequence[tuple[int, int]], de
             decodes as chunks (1, c)).
         chunks: (k, c) per chunk: k new positions (int >= 1) on top of c cached ones
             (int >= 0).
-        device: a ``Device``; None means ``Device()`` (the case model on 24GB-1.0).
+        deployment: a ``Deployment`` (``Deployment()``: the case model on 24GB-1.0).
 
     Returns:
-        max(bytes / bandwidth, FLOPs / compute) with positions = len(decodes) + sum k,
+        max(bytes / bandwidth, FLOPs / usable_flops) with positions = len(decodes) + sum k,
         attention = sum c(decodes) + sum(k*c + k*(k+1)/2), FLOPs = 2*N_matmul*positions
-        + 4*L*d*attention, bytes = weights + kv * (sum c(decodes) + sum c(chunks)).
-        E.g. a 4,000-token prefill alone on the default device: 0.923 s; 18 decodes at
-        context 5,000: 18.77 ms (also as 18 chunks (1, 5000): memory-bound, bytes unchanged).
+        + 4*L*d*attention, bytes = weight_bytes + kv_bytes_per_token * (sum c(decodes) +
+        sum c(chunks)). E.g. a 4,000-token prefill alone on ``Deployment()``: 0.923 s; 18
+        decodes at context 5,000: 18.77 ms (also as 18 chunks (1, 5000): memory-bound, bytes
+        unchanged).
 
     Raises:
         TypeError: decodes/chunks not sequences, a context or chunk size that is not an int,
-            a chunk that is not a (k, c) pair, a device that is not a Device.
+            a chunk that is not a (k, c) pair, a deployment that is not a Deployment.
         ValueError: a negative context, k < 1, or an empty iteration (no decode, no chunk).
     """
-    device = Device() if device is None else device
-    instance("device", device, Device)
+    instance("deployment", deployment, Deployment)
     if isinstance(decodes, (str, bytes)) or not isinstance(decodes, Sequence):
         raise TypeError(f"decodes must be a sequence of ints (cached contexts), got {type(decodes).__qualname__}")
     if isinstance(chunks, (str, bytes)) or not isinstance(chunks, Sequence):
@@ -176,7 +212,7 @@ def iteration_time(decodes: Sequence[int], chunks: Sequence[tuple[int, int]], de
         positions += k
         attention += k * c + k * (k + 1) // 2
         context += c
-    return iteration_seconds(positions=positions, attention=attention, context=context, device=device)
+    return iteration_seconds(positions=positions, attention=attention, context=context, deployment=deployment)
 
 
 def cost_per_million_tokens(tokens_per_s: float, dollars_per_hour: float) -> float:

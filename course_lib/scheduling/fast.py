@@ -15,8 +15,8 @@ seeded traces), but it avoids the two costs of the plain loop:
   which nothing can be admitted, nothing finishes except possibly at the last one, nothing is
   preempted, and the only prefill chunk is the oldest prefilling request's (all the budget
   the decodes leave, without completing its prefill). In a stretch every integer total is
-  linear in the iteration index, so its iteration times come from numpy in one call, with the
-  operations of ``cost.iteration_seconds``, and the clock is their running sum
+  linear in the iteration index, so its iteration times come from one call of
+  ``cost.iteration_seconds`` on numpy arrays of the totals, and the clock is their running sum
   (``np.add.accumulate`` adds left to right, like the loop). A stretch ends before the first
   iteration that would start at or after the next arrival (only when the queue is empty:
   behind a head that cannot be admitted an arrival changes nothing), at the first finish,
@@ -30,7 +30,7 @@ from collections import deque
 
 import numpy as np
 
-from .cost import Device, iteration_seconds
+from .cost import Deployment, iteration_seconds
 from .reference import overrun
 from .step import CHUNK_BUDGET, MAX_RUNNING, STATIC_BATCH, STATIC_WAIT, RequestTooLargeError, admit_limit
 from .workload import MAX_OUTPUT, Request, RequestRecord
@@ -94,29 +94,27 @@ class _Timeline:
         return ends
 
 
-def _stretch(tl: _Timeline, m: int, device: Device, stop_at: float | None, *, positions: int, attention: int,
-             attention_step: int, context: int, context_step: int) -> int:
+def _stretch(tl: _Timeline, m: int, deployment: Deployment, stop_at: float | None, *, positions: int,
+             attention: int, attention_step: int, context: int, context_step: int) -> int:
     """Run up to ``m`` iterations whose j-th has the given positions, attention + attention_step * j
     and context + context_step * j; stop before one that would start at or after ``stop_at``.
     Returns the number of iterations run (>= 1)."""
     last_attention, last_context = attention + attention_step * (m - 1), context + context_step * (m - 1)
-    exact = (all(isinstance(v, int) for v in (device.n_matmul, device.n_layers, device.d_model))
-             and 4 * device.n_layers * device.d_model * last_attention + 2 * device.n_matmul * positions <= 2 ** 62
-             and last_context * (device.kv if isinstance(device.kv, int) else 1) <= 2 ** 62)
+    d = deployment
+    kv = d.kv_bytes_per_token
+    exact = (all(isinstance(v, int) for v in (d.n_matmul, d.n_layers, d.d_model))
+             and 4 * d.n_layers * d.d_model * last_attention + 2 * d.n_matmul * positions <= 2 ** 62
+             and last_context * (kv if isinstance(kv, int) else 1) <= 2 ** 62)
     if m < _NUMPY_STRETCH or not exact:   # short, or integers int64 could not hold exactly: one at a time
         for j in range(m):
             if j and stop_at is not None and tl.clock >= stop_at:
                 return j
             tl.step(iteration_seconds(positions=positions, attention=attention + attention_step * j,
-                                      context=context + context_step * j, device=device))
+                                      context=context + context_step * j, deployment=deployment))
         return m
     j = np.arange(m, dtype=np.int64)
-    attentions = attention + attention_step * j
-    contexts = context + context_step * j
-    # the operations of cost.iteration_seconds, in the same order
-    memory_s = (device.weights + device.kv * contexts) / device.bandwidth
-    compute_s = (2 * device.n_matmul * positions + 4 * device.n_layers * device.d_model * attentions) / device.compute
-    times = np.maximum(memory_s, compute_s)
+    times = iteration_seconds(positions=positions, attention=attention + attention_step * j,
+                              context=context + context_step * j, deployment=deployment)
     ends = np.add.accumulate(np.concatenate(([tl.clock], times)))[1:]
     if stop_at is not None:
         m = 1 + int(np.searchsorted(ends[:-1], stop_at, side="left"))
@@ -126,7 +124,7 @@ def _stretch(tl: _Timeline, m: int, device: Device, stop_at: float | None, *, po
 
 
 # -- static batching -----------------------------------------------------------------------------
-def _serve_static(seqs: list[_Seq], device: Device, limit: int) -> _Timeline:
+def _serve_static(seqs: list[_Seq], deployment: Deployment, limit: int) -> _Timeline:
     tl = _Timeline()
     n, nxt, done, passes = len(seqs), 0, 0, 0
     queue: deque[_Seq] = deque()
@@ -148,14 +146,14 @@ def _serve_static(seqs: list[_Seq], device: Device, limit: int) -> _Timeline:
         # one iteration prefills every prompt: chunks (prompt, 0)
         positions = sum(s.prompt for s in batch)
         tl.step(iteration_seconds(positions=positions, attention=sum(s.prompt * (s.prompt + 1) // 2 for s in batch),
-                                  context=0, device=device))
+                                  context=0, deployment=deployment))
         for s in batch:
             s.segments.append((tl.count - 1, s.output))
             s.generated, s.filled = s.output, s.prompt + s.output - 1
         # then every slot decodes (finished ones too; the decodes term: attention c) until the longest is done
         remaining, contexts = max(s.output for s in batch) - 1, positions
         while remaining > 0:
-            ran = _stretch(tl, remaining, device, None, positions=len(batch), attention=contexts,
+            ran = _stretch(tl, remaining, deployment, None, positions=len(batch), attention=contexts,
                            attention_step=len(batch), context=contexts, context_step=len(batch))
             remaining -= ran
             contexts += len(batch) * ran
@@ -167,14 +165,14 @@ def _serve_static(seqs: list[_Seq], device: Device, limit: int) -> _Timeline:
 class _Continuous:
     """One continuous-batching simulation; its methods are the rules of ``step.py`` on running totals."""
 
-    def __init__(self, seqs: list[_Seq], device: Device, policy: str, limit: int):
+    def __init__(self, seqs: list[_Seq], deployment: Deployment, policy: str, limit: int):
         if MAX_RUNNING > CHUNK_BUDGET:
             raise RuntimeError("the fast path assumes every decoding request fits in the chunk budget "
                                f"(MAX_RUNNING {MAX_RUNNING} <= CHUNK_BUDGET {CHUNK_BUDGET})")
-        self.seqs, self.device, self.policy, self.limit = seqs, device, policy, limit
+        self.seqs, self.deployment, self.policy, self.limit = seqs, deployment, policy, limit
         self.reserve = policy == "reserve"
         self.budget = CHUNK_BUDGET if policy == "chunked" else None
-        self.capacity, self.admit_limit = device.kv_tokens, admit_limit(device)
+        self.capacity, self.admit_limit = deployment.kv_tokens, admit_limit(deployment)
         self.tl = _Timeline()
         self.nxt = self.done = self.passes = 0
         self.queue: deque[_Seq] = deque()
@@ -220,8 +218,8 @@ class _Continuous:
             raise RequestTooLargeError(
                 f"a request (arrival {s.arrival:.6g} s, prompt {s.prompt}, {s.generated} tokens generated) "
                 f"needs {self.charge(s)} cached positions but the {self.policy} policy admits at most "
-                f"{self.admit_limit} (0.99 * memory / kv) with nothing else running: it can never be served "
-                "on this device")
+                f"{self.admit_limit} (0.99 * kv_budget / kv_bytes_per_token) with nothing else running: it "
+                "can never be served on this deployment")
 
     # -- rule 2: chunk planning (each decode is a one-position chunk, before every prefill chunk)
     def plan(self) -> list[tuple[_Seq, int]]:
@@ -245,7 +243,8 @@ class _Continuous:
                 s = self.running[0]
                 raise RequestTooLargeError(
                     f"a request (arrival {s.arrival:.6g} s, prompt {s.prompt}, output {s.output}) running alone "
-                    f"would outgrow the KV budget of {self.capacity} positions: it can never finish on this device")
+                    f"would outgrow the KV budget of {self.capacity} positions: it can never finish on this "
+                    "deployment")
             victim = self.running.pop()
             if victim.start >= 0:  # decoding (then nothing prefills: the newest would be prefilling)
                 context = victim.dbase + self.tl.count
@@ -276,7 +275,7 @@ class _Continuous:
             context += s.filled
         positions = self.n_dec + sum(k for _, k in chunks)
         self.tl.step(iteration_seconds(positions=positions, attention=attention, context=context,
-                                       device=self.device))
+                                       deployment=self.deployment))
 
     # -- rule 4: stamping (each decode's token is implied by its dbase/gbase; prefills are stamped here)
     def stamp(self, chunks: list[tuple[_Seq, int]]) -> None:
@@ -346,9 +345,9 @@ class _Continuous:
                      attention_step=self.n_dec + k * k, context=contexts + c0, context_step=self.n_dec + k)
         if stop_at is not None:
             first = iteration_seconds(positions=shape["positions"], attention=shape["attention"],
-                                      context=shape["context"], device=self.device)
+                                      context=shape["context"], deployment=self.deployment)
             m = min(m, int((stop_at - self.tl.clock) / first) + 2)
-        ran = _stretch(self.tl, m, self.device, stop_at, **shape)
+        ran = _stretch(self.tl, m, self.deployment, stop_at, **shape)
         self.passes += 1
         if k:
             head.filled += k * ran
@@ -392,12 +391,12 @@ def _records(seqs: list[_Seq], ends: np.ndarray) -> list[RequestRecord]:
     return records
 
 
-def run_fast(trace: list[Request], policy: str, device: Device, limit: int) -> list[RequestRecord]:
+def run_fast(trace: list[Request], policy: str, deployment: Deployment, limit: int) -> list[RequestRecord]:
     """``reference.run_reference`` on checked inputs (a list of ``Request`` in arrival order, a
-    policy in ``POLICIES``, a ``Device``, the iteration limit), from running totals and stretches."""
+    policy in ``POLICIES``, a ``Deployment``, the iteration limit), from running totals and stretches."""
     seqs = [_Seq(r) for r in trace]
     if policy == "static":
-        tl = _serve_static(seqs, device, limit)
+        tl = _serve_static(seqs, deployment, limit)
     else:
-        tl = _Continuous(seqs, device, policy, limit).serve()
+        tl = _Continuous(seqs, deployment, policy, limit).serve()
     return _records(seqs, tl.array())

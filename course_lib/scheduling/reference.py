@@ -2,7 +2,7 @@
 
 This is the readable definition of what ``run_trace`` computes (``fast.py`` is the same
 simulation from running totals, tested against this one bit for bit). Four policies serve
-one trace of requests on one ``Device``; every iteration's time is ``cost.iteration_time``
+one trace of requests on one ``Deployment``; every iteration's time is ``cost.iteration_time``
 of what it runs (``docs/scheduling.md`` gives the rules and their sources):
 
 - ``static``: when nothing runs, wait until 16 requests are queued or the oldest has
@@ -33,35 +33,36 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .cost import Device, DeviceProfile, PROFILES, iteration_time
+from .cost import PROFILES, Deployment, Profile, iteration_time
 from .step import (CHUNK_BUDGET, MAX_RUNNING, STATIC_BATCH, STATIC_WAIT, RequestTooLargeError, StepPlan, admit,
                    admit_limit, as_plan, chunked_step, evictions, plan_chunks)
 from .workload import MAX_OUTPUT, Request, RequestRecord
 
-__all__ = ["POLICIES", "run_reference", "run_with_step", "resolve_device", "check_policy", "check_trace",
-           "iteration_limit"]
+__all__ = ["POLICIES", "run_reference", "run_with_step", "resolve_deployment", "check_policy", "check_trace",
+           "iteration_limit", "overrun"]
 
 #: The policies, in the order the lab sweeps them.
 POLICIES: tuple[str, ...] = ("static", "reserve", "paged", "chunked")
 
 
 # -- inputs, shared with the fast simulator --------------------------------------------------------
-def resolve_device(device) -> Device:
-    """None -> ``Device()``; a ``Device`` as is; a ``DeviceProfile`` or a name in ``PROFILES`` -> its device.
+def resolve_deployment(deployment) -> Deployment:
+    """None -> ``Deployment()``; a ``Deployment`` as is; a ``Profile`` or a name in ``PROFILES`` ->
+    its deployment.
 
     Raises: ValueError for an unknown profile name; TypeError for any other type."""
-    if device is None:
-        return Device()
-    if isinstance(device, Device):
-        return device
-    if isinstance(device, DeviceProfile):
-        return device.device
-    if isinstance(device, str):
-        if device in PROFILES:
-            return PROFILES[device].device
-        raise ValueError(f"device {device!r} is not a profile name; known: {', '.join(PROFILES)}")
-    raise TypeError(f"device must be a Device, a DeviceProfile, a name in PROFILES or None, got "
-                    f"{type(device).__qualname__}")
+    if deployment is None:
+        return Deployment()
+    if isinstance(deployment, Deployment):
+        return deployment
+    if isinstance(deployment, Profile):
+        return deployment.deployment
+    if isinstance(deployment, str):
+        if deployment in PROFILES:
+            return PROFILES[deployment].deployment
+        raise ValueError(f"deployment {deployment!r} is not a profile name; known: {', '.join(PROFILES)}")
+    raise TypeError(f"deployment must be a Deployment, a Profile, a name in PROFILES or None, got "
+                    f"{type(deployment).__qualname__}")
 
 
 def check_policy(policy) -> str:
@@ -147,7 +148,7 @@ def _arrive(pending: deque, queue: deque, now: float) -> None:
 
 
 # -- static batching -----------------------------------------------------------------------------
-def _serve_static(reqs: list[_Request], device: Device, clock: _Clock) -> None:
+def _serve_static(reqs: list[_Request], deployment: Deployment, clock: _Clock) -> None:
     pending, queue = deque(reqs), deque()
     while pending or queue:
         _arrive(pending, queue, clock.now)
@@ -159,12 +160,12 @@ def _serve_static(reqs: list[_Request], device: Device, clock: _Clock) -> None:
             clock.now = min(deadline, pending[0].arrival) if pending else deadline
             continue
         batch = [queue.popleft() for _ in range(min(STATIC_BATCH, len(queue)))]
-        end = clock.run(iteration_time([], [(r.prompt, 0) for r in batch], device))
+        end = clock.run(iteration_time([], [(r.prompt, 0) for r in batch], deployment))
         for r in batch:   # one iteration prefills every prompt; each emits its first token
             r.filled, r.generated = r.prompt, 1
             r.times.append(end)
         while any(r.generated < r.output for r in batch):
-            end = clock.run(iteration_time([r.filled for r in batch], [], device))
+            end = clock.run(iteration_time([r.filled for r in batch], [], deployment))
             for r in batch:
                 r.filled += 1   # finished slots keep decoding
                 if r.generated < r.output:
@@ -178,10 +179,10 @@ def _charge(r: _Request, policy: str) -> int:
     return r.prompt + MAX_OUTPUT if policy == "reserve" else r.prompt + r.generated
 
 
-def _admit(queue: deque, running: list[_Request], device: Device, policy: str) -> None:
+def _admit(queue: deque, running: list[_Request], deployment: Deployment, policy: str) -> None:
     """Rule 1 (``step.admit``): FIFO from the queue head against 0.99 of the KV budget."""
     used = sum(_charge(r, policy) for r in running) if policy == "reserve" else sum(r.filled for r in running)
-    joining = admit(used, [_charge(r, policy) for r in queue], limit=admit_limit(device),
+    joining = admit(used, [_charge(r, policy) for r in queue], limit=admit_limit(deployment),
                     room=MAX_RUNNING - len(running))
     for _ in range(joining):
         r = queue.popleft()
@@ -192,8 +193,8 @@ def _admit(queue: deque, running: list[_Request], device: Device, policy: str) -
         raise RequestTooLargeError(
             f"a request (arrival {r.arrival:.6g} s, prompt {r.prompt}, {r.generated} tokens generated) "
             f"needs {_charge(r, policy)} cached positions but the {policy} policy admits at most "
-            f"{admit_limit(device)} (0.99 * memory / kv) with nothing else running: it can never be served "
-            "on this device")
+            f"{admit_limit(deployment)} (0.99 * kv_budget / kv_bytes_per_token) with nothing else running: it "
+            "can never be served on this deployment")
 
 
 def _evict(running: list[_Request], queue: deque, indices) -> None:
@@ -205,16 +206,17 @@ def _evict(running: list[_Request], queue: deque, indices) -> None:
         queue.appendleft(victim)
 
 
-def _preempt(running: list[_Request], queue: deque, device: Device, budget: int | None) -> None:
+def _preempt(running: list[_Request], queue: deque, deployment: Deployment, budget: int | None) -> None:
     """Rule 3 (``step.evictions``): evict the most recently admitted while the cached positions
     plus the iteration's planned growth would exceed the KV budget."""
     count = evictions([r.filled for r in running], [r.target - r.filled for r in running], budget=budget,
-                      capacity=device.kv_tokens)
+                      capacity=deployment.kv_tokens)
     if count == len(running):
         r = running[0]
         raise RequestTooLargeError(
             f"a request (arrival {r.arrival:.6g} s, prompt {r.prompt}, output {r.output}) running alone "
-            f"would outgrow the KV budget of {device.kv_tokens} positions: it can never finish on this device")
+            f"would outgrow the KV budget of {deployment.kv_tokens} positions: it can never finish on this "
+            "deployment")
     _evict(running, queue, range(len(running) - count, len(running)))
 
 
@@ -239,7 +241,7 @@ def _retire(running: list[_Request]) -> None:
     running[:] = [r for r in running if r.generated < r.output]
 
 
-def _serve_continuous(reqs: list[_Request], device: Device, policy: str, clock: _Clock) -> None:
+def _serve_continuous(reqs: list[_Request], deployment: Deployment, policy: str, clock: _Clock) -> None:
     budget = CHUNK_BUDGET if policy == "chunked" else None
     pending, queue, running = deque(reqs), deque(), []
     while pending or queue or running:
@@ -247,47 +249,47 @@ def _serve_continuous(reqs: list[_Request], device: Device, policy: str, clock: 
         if not running and not queue:
             clock.now = pending[0].arrival
             continue
-        _admit(queue, running, device, policy)
-        _preempt(running, queue, device, budget)
+        _admit(queue, running, deployment, policy)
+        _preempt(running, queue, deployment, budget)
         chunks = _plan(running, budget)
-        end = clock.run(iteration_time([], [(k, r.filled) for r, k in chunks], device))
+        end = clock.run(iteration_time([], [(k, r.filled) for r, k in chunks], deployment))
         _stamp(chunks, end)
         _retire(running)
 
 
-def run_reference(requests: Sequence[Request], policy: str, device=None) -> list[RequestRecord]:
+def run_reference(requests: Sequence[Request], policy: str, deployment=None) -> list[RequestRecord]:
     """Serve a trace with one policy, one loop pass per iteration; ``run_trace`` gives the same
     records bit for bit, faster. Arguments, returns and errors as ``run_trace``."""
     policy = check_policy(policy)
-    device = resolve_device(device)
+    deployment = resolve_deployment(deployment)
     trace = check_trace(requests)
     reqs = [_Request(r) for r in trace]
     clock = _Clock(iteration_limit(trace), policy)
     if policy == "static":
-        _serve_static(reqs, device, clock)
+        _serve_static(reqs, deployment, clock)
     else:
-        _serve_continuous(reqs, device, policy, clock)
+        _serve_continuous(reqs, deployment, policy, clock)
     return [r.record() for r in reqs]
 
 
 # -- a simulation driven by a scheduling-step function -------------------------------------------
-def run_with_step(requests: Sequence[Request], device=None,
+def run_with_step(requests: Sequence[Request], deployment=None,
                   step: Callable[..., StepPlan] = chunked_step, *, budget: int | None = CHUNK_BUDGET,
                   max_running: int = MAX_RUNNING) -> list[RequestRecord]:
     """Serve a trace with the chunked (``budget=256``) or paged (``budget=None``) policy, asking
-    ``step(running, queue, device, budget=budget, max_running=max_running)`` for every
+    ``step(running, queue, deployment, budget=budget, max_running=max_running)`` for every
     iteration's decision: running is [(filled, prompt + generated)] in admission order, queue
     [(prompt, generated)] head first (see ``chunked_step`` and the ``StepPlan`` it returns).
 
     The same loop as ``run_reference`` with the step in place of rules 1-3: use it on small
     traces to watch a scheduling step (yours, in the lab) drive the whole simulation. With the
-    default ``chunked_step`` it gives the records of ``run_trace(requests, "chunked", device)``.
+    default ``chunked_step`` it gives the records of ``run_trace(requests, "chunked", deployment)``.
     ``step`` may return a StepPlan or a 4-tuple with lists (see ``as_plan``).
 
     Raises: as ``run_trace``; TypeError for a malformed plan; ValueError when ``step`` returns
     an inconsistent one (the message says which rule of a plan it breaks).
     """
-    device = resolve_device(device)
+    deployment = resolve_deployment(deployment)
     trace = check_trace(requests)
     reqs = [_Request(r) for r in trace]
     clock = _Clock(iteration_limit(trace), "step-driven")
@@ -298,7 +300,7 @@ def run_with_step(requests: Sequence[Request], device=None,
             clock.now = pending[0].arrival
             continue
         plan = as_plan(step([(r.filled, r.target) for r in running], [(r.prompt, r.generated) for r in queue],
-                            device, budget=budget, max_running=max_running))
+                            deployment, budget=budget, max_running=max_running))
         if not 0 <= plan.admitted <= len(queue):
             raise ValueError(f"step admitted {plan.admitted} requests but {len(queue)} are queued")
         for _ in range(plan.admitted):
@@ -308,7 +310,7 @@ def run_with_step(requests: Sequence[Request], device=None,
         _check_plan(plan, running)
         chunks = [(running[i], k) for i, k in plan.chunks]
         _evict(running, queue, plan.preempted)
-        end = clock.run(iteration_time([], [(k, r.filled) for r, k in chunks], device))
+        end = clock.run(iteration_time([], [(k, r.filled) for r, k in chunks], deployment))
         _stamp(chunks, end)
         _retire(running)
     return [r.record() for r in reqs]

@@ -11,42 +11,43 @@ from typing import Sequence
 
 from .fast import run_fast
 from .metrics import metrics
-from .reference import check_policy, check_trace, iteration_limit, resolve_device
+from .reference import check_policy, check_trace, iteration_limit, resolve_deployment
 from .workload import Request, RequestRecord, make_workload
 
 __all__ = ["run_trace", "simulate"]
 
 
-def run_trace(requests: Sequence[Request], policy: str, device=None) -> list[RequestRecord]:
+def run_trace(requests: Sequence[Request], policy: str, deployment=None) -> list[RequestRecord]:
     """Serve an explicit trace with one policy and return what happened to each request.
 
     Args:
         requests: ``Request`` objects (or (arrival, prompt, output) triples) in arrival order.
         policy: "static", "reserve", "paged" or "chunked" (``reference.py`` defines them).
-        device: a ``Device``, a ``DeviceProfile``, a name in ``PROFILES``, or None (``Device()``).
+        deployment: a ``Deployment``, a ``Profile``, a name in ``PROFILES``, or None
+            (``Deployment()``: the case model on the 24GB-1.0 device).
 
     Returns:
         one ``RequestRecord`` per request, in the input order (token times in seconds), equal
-        bit for bit to ``run_reference(requests, policy, device)``.
+        bit for bit to ``run_reference(requests, policy, deployment)``.
 
     Raises:
         ValueError: an unknown policy (the message lists the valid ones); an empty or unsorted
             trace; ``RequestTooLargeError`` (a ValueError) when a request can never be served.
-        TypeError: a request or device of the wrong type.
+        TypeError: a request or deployment of the wrong type.
         RuntimeError: the iteration bound was exceeded (a scheduler that makes no progress).
     """
     policy = check_policy(policy)
-    device = resolve_device(device)
+    deployment = resolve_deployment(deployment)
     trace = check_trace(requests)
-    return run_fast(trace, policy, device, iteration_limit(trace))
+    return run_fast(trace, policy, deployment, iteration_limit(trace))
 
 
-def simulate(rate: float, policy: str, device=None, count: int = 300) -> dict:
+def simulate(rate: float, policy: str, deployment=None, count: int = 300) -> dict:
     """Serve the lab's workload ``make_workload(rate, count)`` with ``policy`` and return its metrics.
 
     Args:
         rate: nominal arrival rate (requests/s, > 0). policy: one of ``POLICIES``.
-        device: as in ``run_trace`` (None: the 24GB-bf16 device). count: requests (>= 1).
+        deployment: as in ``run_trace`` (None: the 24GB-bf16 profile's). count: requests (>= 1).
 
     Returns:
         ``metrics(run_trace(...))``: a dict with ttft50, ttft99, itl50, itl99, itlmax, tpot50,
@@ -56,4 +57,4 @@ def simulate(rate: float, policy: str, device=None, count: int = 300) -> dict:
     Raises: ValueError (unknown policy, bad rate or count), as ``run_trace`` otherwise.
     """
     policy = check_policy(policy)
-    return metrics(run_trace(make_workload(rate, count), policy, device))
+    return metrics(run_trace(make_workload(rate, count), policy, deployment))

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..validation import instance, integer
-from .cost import Device, max_tokens
+from .cost import Deployment, max_tokens
 
 __all__ = ["StepPlan", "as_plan", "chunked_step", "admit", "plan_chunks", "evictions", "admit_limit",
            "RequestTooLargeError", "CHUNK_BUDGET", "MAX_RUNNING", "ADMIT_FRACTION", "STATIC_BATCH",
@@ -48,7 +48,7 @@ STATIC_WAIT: float = 2.0
 
 
 class RequestTooLargeError(ValueError):
-    """A request cannot be served on this device: it cannot be admitted with nothing else
+    """A request cannot be served on this deployment: it cannot be admitted with nothing else
     running, or its context outgrows the KV budget while it runs alone."""
 
 
@@ -112,9 +112,10 @@ def as_plan(plan) -> StepPlan:
                     indices("decodes", decodes), tuple(sorted(pairs)))
 
 
-def admit_limit(device: Device) -> int:
-    """Most cached positions admission may fill: the largest T with T * kv <= 0.99 * memory."""
-    return max_tokens(ADMIT_FRACTION * device.memory, device.kv)
+def admit_limit(deployment: Deployment) -> int:
+    """Most cached positions admission may fill: the largest T with T * kv_bytes_per_token <=
+    0.99 * kv_budget."""
+    return max_tokens(ADMIT_FRACTION * deployment.kv_budget, deployment.kv_bytes_per_token)
 
 
 # -- the three rules -----------------------------------------------------------------------------
@@ -126,7 +127,7 @@ def admit(used: int, required: Sequence[int], *, limit: int, room: int) -> int:
     the rest). ``used`` then grows by what joined.
 
     Args: used: cached positions charged to the running requests; required: positions each
-    queued request is charged, head first; limit: ``admit_limit(device)``; room: free
+    queued request is charged, head first; limit: ``admit_limit(deployment)``; room: free
     running slots (``max_running`` - running). Returns: the count admitted (ints, positions).
     """
     admitted = 0
@@ -159,7 +160,7 @@ def evictions(filled: Sequence[int], remaining: Sequence[int], *, budget: int | 
     """Rule 3, preemption: how many of the most recently admitted requests must be evicted.
 
     While the cached positions of the requests kept plus the chunks planned for them exceed
-    ``capacity`` (``device.kv_tokens``: all of memory, not 0.99), the newest kept request is
+    ``capacity`` (``deployment.kv_tokens``: all of the KV budget, not 0.99), the newest kept request is
     evicted and the plan is made again (``plan_chunks`` on the rest). Returns a count from 0
     to len(filled); len(filled) means even the oldest cannot run alone (the caller raises
     ``RequestTooLargeError``). Lists are in admission order.
@@ -183,7 +184,7 @@ def _pairs(name: str, entries, first: str, second: str, minimum: tuple[int, int]
     return pairs
 
 
-def chunked_step(running: Sequence[tuple[int, int]], queue: Sequence[tuple[int, int]], device: Device, *,
+def chunked_step(running: Sequence[tuple[int, int]], queue: Sequence[tuple[int, int]], deployment: Deployment, *,
                  budget: int | None = CHUNK_BUDGET, max_running: int = MAX_RUNNING) -> StepPlan:
     """The chunked policy's scheduling step for one iteration (admission, chunk budget, preemption).
 
@@ -195,7 +196,7 @@ def chunked_step(running: Sequence[tuple[int, int]], queue: Sequence[tuple[int, 
         queue: (prompt, generated) of each waiting request, head first: its prompt length
             and the tokens it generated before a preemption (0 for a new request). Its
             required prefill is prompt + generated.
-        device: a ``Device`` (memory and kv are used).
+        deployment: a ``Deployment`` (its kv_budget and kv_bytes_per_token are used).
         budget: positions one iteration may process (``CHUNK_BUDGET`` = 256), decodes
             included; None means unlimited (the paged policy).
         max_running: most requests running after admission (256).
@@ -206,11 +207,11 @@ def chunked_step(running: Sequence[tuple[int, int]], queue: Sequence[tuple[int, 
 
     Raises:
         RequestTooLargeError: nothing runs after admission (the queue head does not fit), or
-            the last running request had to be preempted (its context outgrows memory).
+            the last running request had to be preempted (its context outgrows the KV budget).
         ValueError / TypeError: malformed running entries or queue lengths, a running entry
             with filled >= target, running and queue both empty, a budget or max_running < 1.
     """
-    instance("device", device, Device)
+    instance("deployment", deployment, Deployment)
     if budget is not None:
         budget = integer("budget", budget, minimum=1, note="None for no limit")
     max_running = integer("max_running", max_running, minimum=1)
@@ -224,22 +225,24 @@ def chunked_step(running: Sequence[tuple[int, int]], queue: Sequence[tuple[int, 
         raise ValueError("nothing to schedule: running and queue are both empty")
 
     used = sum(filled for filled, _ in table)
-    limit = admit_limit(device)
+    limit = admit_limit(deployment)
     admitted = admit(used, required, limit=limit, room=max_running - len(table))
     table += [(0, cost) for cost in required[:admitted]]
     if not table:
         raise RequestTooLargeError(
-            f"the request at the queue head needs {required[0]} cached positions ({required[0] * device.kv:.4g} B) "
-            f"but admission allows {limit} ({ADMIT_FRACTION} * memory = {ADMIT_FRACTION * device.memory:.4g} B) "
-            "with nothing else running: it can never be served on this device")
+            f"the request at the queue head needs {required[0]} cached positions "
+            f"({required[0] * deployment.kv_bytes_per_token:.4g} B) but admission allows {limit} "
+            f"({ADMIT_FRACTION} * kv_budget = {ADMIT_FRACTION * deployment.kv_budget:.4g} B) "
+            "with nothing else running: it can never be served on this deployment")
 
     filled = [f for f, _ in table]
     remaining = [t - f for f, t in table]
-    evicted = evictions(filled, remaining, budget=budget, capacity=device.kv_tokens)
+    evicted = evictions(filled, remaining, budget=budget, capacity=deployment.kv_tokens)
     kept = len(table) - evicted
     if kept == 0:
         raise RequestTooLargeError(
             f"a request running alone at context {filled[0]} (target {table[0][1]}) would outgrow the KV budget "
-            f"of {device.kv_tokens} positions ({device.memory:.4g} B): it can never finish on this device")
+            f"of {deployment.kv_tokens} positions ({deployment.kv_budget:.4g} B): it can never finish on this "
+            "deployment")
     chunks = tuple((i, k) for i, k in enumerate(plan_chunks(remaining[:kept], budget)) if k > 0)
     return StepPlan(admitted, tuple(range(kept, len(table))), (), chunks)
