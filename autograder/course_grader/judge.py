@@ -181,20 +181,10 @@ def learner_exception(fn_name: str, kernel_type, message) -> LearnerRaised:
 
 
 def _sync(fn: Callable | None) -> Callable | None:
-    """A plain callable for a (possibly async) kernel-manager method."""
-    if fn is None:
-        return None
+    """A plain callable for a (possibly async) kernel-manager method (``sandbox.blocking``)."""
+    from .sandbox import blocking
 
-    def call(*args, **kwargs):
-        result = fn(*args, **kwargs)
-        if inspect.isawaitable(result):
-            from jupyter_core.utils import run_sync
-
-            async def wait():
-                return await result
-            return run_sync(wait)()
-        return result
-    return call
+    return blocking(fn)
 
 
 # == transport ===================================================================================

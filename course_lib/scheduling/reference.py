@@ -241,14 +241,22 @@ def _retire(running: list[_Request]) -> None:
     running[:] = [r for r in running if r.generated < r.output]
 
 
-def _serve_continuous(reqs: list[_Request], deployment: Deployment, policy: str, clock: _Clock) -> None:
-    budget = CHUNK_BUDGET if policy == "chunked" else None
+def _iterations(reqs: list[_Request], clock: _Clock):
+    """The serving loop of every continuous simulation: yields (queue, running) once per
+    iteration, after the requests that arrived by now joined the queue; an idle engine jumps to
+    the next arrival. Ends when every request has left."""
     pending, queue, running = deque(reqs), deque(), []
     while pending or queue or running:
         _arrive(pending, queue, clock.now)
         if not running and not queue:
             clock.now = pending[0].arrival
             continue
+        yield queue, running
+
+
+def _serve_continuous(reqs: list[_Request], deployment: Deployment, policy: str, clock: _Clock) -> None:
+    budget = CHUNK_BUDGET if policy == "chunked" else None
+    for queue, running in _iterations(reqs, clock):
         _admit(queue, running, deployment, policy)
         _preempt(running, queue, deployment, budget)
         chunks = _plan(running, budget)
@@ -293,12 +301,7 @@ def run_with_step(requests: Sequence[Request], deployment=None,
     trace = check_trace(requests)
     reqs = [_Request(r) for r in trace]
     clock = _Clock(iteration_limit(trace), "step-driven")
-    pending, queue, running = deque(reqs), deque(), []
-    while pending or queue or running:
-        _arrive(pending, queue, clock.now)
-        if not running and not queue:
-            clock.now = pending[0].arrival
-            continue
+    for queue, running in _iterations(reqs, clock):
         plan = as_plan(step([(r.filled, r.target) for r in running], [(r.prompt, r.generated) for r in queue],
                             deployment, budget=budget, max_running=max_running))
         if not 0 <= plan.admitted <= len(queue):
