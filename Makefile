@@ -24,14 +24,19 @@ export PATH := $(abspath $(BIN)):$(PATH)
 .PHONY: help setup sandbox model run test test-fast test-lib test-notebooks test-grading test-hostile lab release samples hostile grade clean
 
 help:
-	@echo "make run     execute the solution notebooks, regenerate labs/, grade the sample submissions"
-	@echo "make test    library tests, nbval on solutions/, labs/ in sync, grading of the samples and of the hostile submissions"
-	@echo "make test-fast   the library's unit tests without the slow ones (under 2 minutes): run it while editing"
-	@echo "make lab     open JupyterLab on labs/ (learners)"
-	@echo "make release regenerate labs/ from solutions/ (nbgrader generate_assignment)"
-	@echo "make grade SUBMISSIONS=DIR [JOBS=N] [GRADE_ARGS='--per-test --seed N']   autograde DIR/{learner}/{lab}/{lab}.ipynb"
-	@echo "make samples regenerate autograder/samples/ (solutions + fault list) and autograder/hostile/"
-	@echo "make sandbox install/check bubblewrap, the sandbox grading runs learner code in"
+	@echo "make setup       create .venv and install every pinned dependency (the other targets do it first)"
+	@echo "make model       resolve the default model and convert it once into the cache (~20 s)"
+	@echo "make sandbox     install/check bubblewrap, the sandbox grading runs learner code in"
+	@echo "make run         execute the solution notebooks, regenerate labs/, grade the sample submissions"
+	@echo "make test        what CI runs: library tests, nbval on solutions/, labs/ in sync, grading of the samples and of the hostile submissions"
+	@echo "make test-fast   the unit tests without the slow ones (about a minute on an idle 2-core machine): run it while editing"
+	@echo "make test-hostile  grade autograder/hostile/ and check nothing outside the work folder changed (part of make test)"
+	@echo "make lab         open JupyterLab on labs/ (learners)"
+	@echo "make release     regenerate labs/ from solutions/ (nbgrader generate_assignment)"
+	@echo "make grade SUBMISSIONS=DIR [JOBS=N] [GRADE_ARGS='--per-test --seed N']   autograde DIR/{learner}/{lab}/{lab}.ipynb (JOBS default 2)"
+	@echo "make samples     regenerate autograder/samples/ and expected_scores.csv (from the labs' FAULTS tables) and autograder/hostile/"
+	@echo "make hostile     regenerate autograder/hostile/ alone"
+	@echo "make clean       remove build/, autograder/work/ and .pytest_cache"
 
 $(STAMP): pyproject.toml
 	@if [ -z "$(PYTHON)" ]; then echo "error: Python 3.11 not found (set PYTHON=/path/to/python3.11)"; exit 1; fi

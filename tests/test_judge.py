@@ -1086,3 +1086,20 @@ def test_a_message_that_would_balloon_when_parsed_is_refused_before_parsing():
         remote.loads(bomb)
     assert time.monotonic() - start < 5
     assert remote.loads("[" + "[]," * 1000 + "[]]")[0] == []   # a normal message still parses
+
+
+def test_verdict_records_are_never_copied_by_nbgrader(tmp_path):
+    """The course config keeps nbgrader from copying *.judge.json between its folders: not into
+    the feedback (the record holds the judge's seed), not from a submission into the autograded
+    folder (a forged record)."""
+    from nbgrader.utils import find_all_files
+    from traitlets.config import Config
+
+    from course_grader.config import configure
+
+    c = Config()
+    configure(c, root=str(tmp_path))
+    (tmp_path / f"lab{judge.VERDICT_SUFFIX}").write_text("{}")
+    (tmp_path / "data.txt").write_text("kept")
+    found = {os.path.basename(f) for f in find_all_files(str(tmp_path), c.CourseDirectory.ignore + ["*.ipynb"])}
+    assert "data.txt" in found and f"lab{judge.VERDICT_SUFFIX}" not in found

@@ -26,6 +26,8 @@ from __future__ import annotations
 import os
 import sys
 
+from .judge import VERDICT_SUFFIX
+
 WORK = os.path.join("autograder", "work")  # relative to the course root; git-ignored
 COURSE_ID = "llm-inference-lab"
 
@@ -63,6 +65,10 @@ def _layout(c, root: str) -> None:
     c.CourseDirectory.db_url = "sqlite:///" + os.path.join(root, WORK, "gradebook.db")
     # `nbgrader export` writes here rather than to ./grades.csv in the working directory.
     c.CsvExportPlugin.to = os.path.join(root, WORK, "grades.csv")
+    # Files nbgrader never copies between its folders (submitted -> autograded -> feedback): the
+    # stock list, plus the judge's verdict records (they hold the judge's seed; a learner's own
+    # file of that name is not carried into the autograded folder either).
+    c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*" + VERDICT_SUFFIX]
 
 
 def _release(c) -> None:

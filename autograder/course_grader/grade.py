@@ -129,7 +129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Autograde SUBMISSIONS/{learner}/{lab}/{lab}.ipynb with nbgrader.",
     )
     parser.add_argument("submissions", type=Path, help="folder laid out as {learner}/{lab}/{lab}.ipynb")
-    parser.add_argument("--jobs", "-j", type=int, default=1, help="submissions graded at once (default 1)")
+    parser.add_argument("--jobs", "-j", type=int, default=1, help="submissions graded at once (default 1; make grade passes JOBS, default 2)")
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT,
                         help="course root holding solutions/ (default: this repository)")
     parser.add_argument("--work", type=Path, default=None,
@@ -924,7 +924,7 @@ def run(args: argparse.Namespace) -> int:
     if args.per_test:
         cells.to_csv(args.work / "grades_per_test.csv", index=False)
         print("\nPer graded cell:\n" + show(cells))
-    attention = totals[((totals.error != "") & (totals.error != NOT_SUBMITTED)) | (totals.flags != "")]
+    attention = totals[((totals["error"] != "") & (totals["error"] != NOT_SUBMITTED)) | (totals["flags"] != "")]
     if not attention.empty:
         print(f"\n{len(attention)} row(s) to look at (errors other than 'not submitted', or flags):")
         for r in attention.itertuples():

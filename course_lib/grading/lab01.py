@@ -286,7 +286,12 @@ def _check_intensity_case(name: str, fn: Callable, args: tuple, expected: float,
 
 
 def _intensity_sizes(rng: random.Random) -> tuple[int, int, int, float]:
-    return rng.randint(2, 300), rng.randint(2, 300), rng.randint(2, 600), rng.choice([0.5, 1, 2, 4])
+    """(m, n, batch, bytes per element): one matrix side small (2-40), the other large (120-300),
+    so the vector terms matter and leaving out x (m x n: n reads) cannot pass for leaving out y
+    (m writes) at 4 significant figures."""
+    small, large = rng.randint(2, 40), rng.randint(120, 300)
+    m, n = (small, large) if rng.random() < 0.5 else (large, small)
+    return m, n, rng.randint(2, 600), rng.choice([0.5, 1, 2, 4])
 
 
 def check_gemv_intensity(fn: Callable, seed: int = 0, cases: int = 6) -> None:
@@ -300,6 +305,7 @@ def check_gemv_intensity(fn: Callable, seed: int = 0, cases: int = 6) -> None:
             "only the matrix counted in the bytes (x and y left out)": lambda: 2 / b,
             "one FLOP per multiply-add instead of two": lambda: m * n / (b * (m * n + m + n)),
             "the output write left out": lambda: 2 * m * n / (b * (m * n + n)),
+            "the input vector x left out": lambda: 2 * m * n / (b * (m * n + m)),
         })
 
 
@@ -314,6 +320,7 @@ def check_gemm_intensity(fn: Callable, seed: int = 0, cases: int = 6) -> None:
             "only the matrix counted in the bytes (~2B/b, no saturation)": lambda: 2 * batch / b,
             "one FLOP per multiply-add instead of two": lambda: m * n * batch / (b * (m * n + n * batch + m * batch)),
             "the output write left out": lambda: 2 * m * n * batch / (b * (m * n + n * batch)),
+            "the input X left out": lambda: 2 * m * n * batch / (b * (m * n + m * batch)),
             "the GEMV formula (batch ignored)": lambda: ref.gemv_intensity(m, n, b),
         })
 
@@ -416,6 +423,10 @@ FAULTS = (
                 "return bytes_moved / device.bandwidth + flops / device.peak_flops"),),
           {"test_decode_step_bound": "added instead of taking the max"},
           "adds the memory and compute times instead of taking the larger"),
+    Fault("gemv_input_vector_left_out",
+          (Edit("intensity", "(bytes_per_element * (m * n + m + n))", "(bytes_per_element * (m * n + m))"),),
+          {"test_gemv_intensity": "input vector x left out"},
+          "counts the matrix read and the output write of a GEMV but not the input vector"),
     Fault("q_and_o_sized_d_by_d",
           (Edit("count_parameters", "attention = d * q_width + 2 * d * kv_width + q_width * d",
                 "attention = d * d + 2 * d * kv_width + d * d"),),
