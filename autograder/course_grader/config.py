@@ -115,13 +115,16 @@ def _autograde(c) -> None:
         preprocessors.RestoreMissingTests,
         CheckCellMetadata,
     ]
-    # The stock autograde list with StderrToStdout after IgnorePattern: nbgrader's
-    # determine_grade gives 0 to a graded cell with a `stderr` stream output (a warning
-    # printed by a library, say); StderrToStdout turns it into stdout under "[stderr]".
+    # The stock autograde list with two steps after IgnorePattern, so that a test cell's score
+    # comes from its errors only: nbgrader's determine_grade gives 0 to a graded cell with a
+    # `stderr` stream output (a warning printed by a library, say), which StderrToStdout turns
+    # into stdout under "[stderr]"; and it scores a cell by the number its first execute_result
+    # shows, which DisplayedValuesAreNotScores turns into display_data.
     c.Autograde.autograde_preprocessors = [
         Execute,
         IgnorePattern,
         preprocessors.StderrToStdout,
+        preprocessors.DisplayedValuesAreNotScores,
         ClearMetadataPreprocessor,
         LimitOutput,
         SaveAutoGrades,

@@ -257,6 +257,21 @@ def a_hardcoded_visible(nb):
     nb.cells[cell_index(nb, "prefill_time")].source = memorised_visible_prefill()
 
 
+def a_displayed_score(nb):
+    """A count_parameters wrong on the case model only (the visible assert fails; the checker's random
+    configs pass) that makes IPython display the number 2 in whatever cell calls it: stock nbgrader
+    scores a test cell by the first number it displays and never sees the failed assert after it."""
+    append_to(nb, "count_parameters", '''
+import sys as _sys
+_right_count = count_parameters
+
+
+def count_parameters(config):
+    _sys.displayhook(2)          # an execute_result "2" in the running cell
+    n, n_matmul = _right_count(config)
+    return (n + 1, n_matmul) if config == roofline.case_model() else (n, n_matmul)''')
+
+
 def a_grading_marker(nb):
     wrong_prefill(nb)
     insert_code_after(nb, "prefill_time", '''
@@ -390,6 +405,7 @@ _remote.dumps = _huge_dumps
 
 HOSTILE_L1 = {
     "stderr_warnings": a_stderr,
+    "displayed_score": a_displayed_score,
     "test_source_replaced": a_test_source_replaced,
     "metadata_edited": a_metadata_edited,
     "test_cell_deleted": a_test_cell_deleted,

@@ -47,6 +47,31 @@ class StderrToStdout(NbGraderPreprocessor):
         return cell, resources
 
 
+class DisplayedValuesAreNotScores(NbGraderPreprocessor):
+    """A graded test cell's score comes from its errors (and the judge's verdict) only.
+
+    Stock nbgrader (``nbgrader.utils.determine_grade``) gives a graded code cell the numeric
+    value of its first ``execute_result`` as a partial score, and looks no further: an error
+    output after it (a failed assert, the judge's verdict) is never seen. Learner code decides
+    what a cell displays (``InteractiveShell.ast_node_interactivity = 'all'`` displays every
+    expression, a checker's return value included), so a wrong answer could score its points.
+
+    Runs after ``Execute`` and before ``SaveAutoGrades``: every ``execute_result`` of a graded
+    test cell becomes a ``display_data`` output with the same data, shown the same way in the
+    autograded notebook and the feedback, but never read as a score. Solution cells and cells
+    that are not graded are left as they are.
+    """
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        if cell.cell_type != "code" or not utils.is_grade(cell) or utils.is_solution(cell):
+            return cell, resources
+        for i, output in enumerate(cell.get("outputs", [])):
+            if output.get("output_type") == "execute_result":
+                cell.outputs[i] = from_dict({"output_type": "display_data", "data": output.get("data", {}),
+                                             "metadata": output.get("metadata", {})})
+        return cell, resources
+
+
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 REDACTED = "      ... (hidden test lines not shown)"
