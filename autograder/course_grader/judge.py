@@ -54,7 +54,6 @@ import ast
 import contextlib
 import hashlib
 import importlib
-import inspect
 import json
 import os
 import re
@@ -64,6 +63,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from .sandbox import blocking, iopub_ready
 
 
 class _Lazy:
@@ -180,13 +181,6 @@ def learner_exception(fn_name: str, kernel_type, message) -> LearnerRaised:
     return exc
 
 
-def _sync(fn: Callable | None) -> Callable | None:
-    """A plain callable for a (possibly async) kernel-manager method (``sandbox.blocking``)."""
-    from .sandbox import blocking
-
-    return blocking(fn)
-
-
 # == transport ===================================================================================
 class KernelSession:
     """Judge-side end of the harness protocol over a BlockingKernelClient.
@@ -206,8 +200,8 @@ class KernelSession:
         import zmq
 
         self.client = client
-        self.interrupt = _sync(interrupt)
-        self.is_alive = _sync(is_alive)
+        self.interrupt = blocking(interrupt)
+        self.is_alive = blocking(is_alive)
         self.poll_interval = poll_interval
         self.interrupt_grace = interrupt_grace
         self.owns_client = owns_client
@@ -857,26 +851,20 @@ def _mask_numbers(line: str, constants: bool) -> str:
 
 
 # == judging a cell ==============================================================================
-def _trusted_checker(module: str, checker: str) -> Callable:
+def declared_contract(module: str, checker: str):
+    """The ``Contract`` of ``course_lib.grading.MODULE.CONTRACTS`` whose checker is CHECKER (a
+    function of that module): the checker the judge runs and what it may let the learner write.
+
+    Raises:
+        UnsupportedCell: MODULE is not a lab module name (``labNN``), or the lab declares no
+            contract for CHECKER (a graded cell may call only
+            declared checkers: the table says what their learner functions may write).
+    """
     if not _CHECKER_MODULE.fullmatch(module) or not checker.startswith("check_"):
         raise UnsupportedCell(f"{module}.{checker} is not a course checker")
     mod = importlib.import_module(f"course_lib.grading.{module}")
-    fn = getattr(mod, checker, None)
-    if not inspect.isfunction(fn) or fn.__module__ != mod.__name__:
-        raise UnsupportedCell(f"course_lib.grading.{module} has no checker {checker}")
-    return fn
-
-
-def declared_contract(module: str, checker: str):
-    """The ``Contract`` of ``course_lib.grading.MODULE.CONTRACTS`` whose checker is CHECKER.
-
-    Raises:
-        UnsupportedCell: the lab declares no contract for it (a graded cell may call only
-            declared checkers: the table says what their learner functions may write).
-    """
-    mod = importlib.import_module(f"course_lib.grading.{module}")
     for contract in getattr(mod, "CONTRACTS", ()):
-        if contract.checker.__name__ == checker:
+        if contract.checker.__name__ == checker and contract.checker.__module__ == mod.__name__:
             return contract
     raise UnsupportedCell(f"course_lib.grading.{module}.CONTRACTS declares no contract for {checker}")
 
@@ -967,7 +955,6 @@ def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed:
                 raise (KernelDied if session.dead else KernelWedged)("the learner's kernel is unusable")
             if time.monotonic() > cell_deadline:
                 raise CallTimeout("the judge's time for this cell ran out")
-            checker = _trusted_checker(call.module, call.checker)
             contract = declared_contract(call.module, call.checker)
             objects = {**contract.objects, **substitutes}
             kwargs = {}
@@ -990,7 +977,7 @@ def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed:
                                                   writable_spec(contract)))
                 else:
                     proxies.append(remote.opaque_class(entry.get("type") or "object")())
-            checker(*proxies, **kwargs)
+            contract.checker(*proxies, **kwargs)
         except contracts.ContractError as exc:
             status, message = FAILED, str(exc)
         except LearnerRaised as exc:
@@ -1185,16 +1172,14 @@ def _make_mixin():
                 return
             if self.restart_dead_kernel:
                 try:
-                    _sync(self.km.restart_kernel)(now=True)
-                    _sync(self.kc.wait_for_ready)(timeout=60)
+                    blocking(self.km.restart_kernel)(now=True)
+                    blocking(self.kc.wait_for_ready)(timeout=60)
                     self._judge_iopub_ready()
                     self.log.warning("judge: the kernel died while being judged; restarted it")
                 except Exception as exc:  # nbclient will report the dead kernel at the next cell
                     self.log.error("judge: could not restart the dead kernel: %s", exc)
 
         def _judge_iopub_ready(self, tries: int = 20) -> None:
-            from .sandbox import iopub_ready
-
             if not iopub_ready(self.kc, tries):
                 raise JudgeError("the restarted kernel's output channel did not come back")
 
