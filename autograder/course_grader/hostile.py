@@ -773,7 +773,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["build"]:
         build()
         return 0
-    if argv[:1] == ["--check"] or argv[:1] == ["fresh"]:
+    if argv[:1] == ["fresh"]:
         problems = stale()
         if problems:
             print("autograder/hostile/ is stale (run `make hostile`):\n  " + "\n  ".join(problems))

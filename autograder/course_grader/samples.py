@@ -23,7 +23,9 @@ import copy
 import csv
 import importlib
 import io
+import shutil
 import sys
+from pathlib import Path
 
 import nbformat
 
@@ -138,14 +140,19 @@ def generated() -> dict[str, str]:
     return files
 
 
+def _stray_folders(files: dict[str, str]) -> list[Path]:
+    """Folders under samples/ that no generated file lives in (a fault removed from a table)."""
+    wanted = {name.split("/")[0] for name in files if "/" in name}
+    return sorted(p for p in SAMPLES.iterdir() if p.is_dir() and p.name not in wanted)
+
+
 def stale() -> list[str]:
     """Generated files whose committed copy under samples/ differs or is missing, and sample
     folders no table asks for."""
     files = generated()
     problems = [name for name, text in files.items()
                 if not (SAMPLES / name).is_file() or (SAMPLES / name).read_text() != text]
-    wanted = {name.split("/")[0] for name in files if "/" in name}
-    problems += [f"{p.name}/ (no longer generated)" for p in SAMPLES.iterdir() if p.is_dir() and p.name not in wanted]
+    problems += [f"{p.name}/ (no longer generated)" for p in _stray_folders(files)]
     return sorted(problems)
 
 
@@ -158,12 +165,9 @@ def main(argv: list[str]) -> int:
         print("autograder/samples/ matches the labs' tables")
         return 0
     files = generated()
-    wanted = {name.split("/")[0] for name in files if "/" in name}
-    for folder in SAMPLES.iterdir():
-        if folder.is_dir() and folder.name not in wanted:
-            import shutil
-            shutil.rmtree(folder)
-            print(f"removed {folder.relative_to(ROOT)}")
+    for folder in _stray_folders(files):
+        shutil.rmtree(folder)
+        print(f"removed {folder.relative_to(ROOT)}")
     for name, text in files.items():
         path = SAMPLES / name
         path.parent.mkdir(parents=True, exist_ok=True)
