@@ -37,7 +37,6 @@ import numpy as np
 
 from .. import scheduling as ref
 from ..hardware import Device
-from ..roofline import step_time
 from ..scheduling import Deployment, Request, RequestRecord, StepPlan
 from .contracts import ContractError, attempts, check_own_function, check_real, close, named_faults
 from .tables import Contract, Edit, Fault, check_tables
@@ -81,11 +80,10 @@ def _time_variants(decodes, chunks, d: Deployment) -> dict[str, float]:
     kc = sum(k * c for k, c in chunks)
 
     def t(positions=positions, attention=ctx_dec + kc + tri, context=ctx_dec + ctx_chunk, combine=None):
+        if combine is None:   # the reference's roofline max, with a wrong term
+            return ref.iteration_seconds(positions=positions, attention=attention, context=context, deployment=d)
         bytes_moved, flops = ref.iteration_work(positions=positions, attention=attention, context=context,
                                                 deployment=d)
-        if combine is None:   # the reference's roofline max, with a wrong term
-            return step_time(bytes_moved=bytes_moved, flops=flops, bandwidth=d.device.bandwidth,
-                             peak_flops=d.usable_flops)
         return combine(bytes_moved / d.device.bandwidth, flops / d.usable_flops)
 
     return {
