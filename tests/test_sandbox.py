@@ -490,25 +490,10 @@ def _nbgrader(args, cwd):
 def test_nbgrader_autograde_runs_in_the_sandbox(tmp_path):
     course = tmp_path / "course"
     (course / "source" / LAB).mkdir(parents=True)
-    base = REPO / "autograder" / "nbgrader_config.py"
-    lines = [
-        "import os",
-        "c = get_config()  # noqa: F821",
-        f"load_subconfig({base.name!r}, {str(base.parent)!r})",
-        "_root = os.path.dirname(os.path.abspath(__file__))",
-        "c.CourseDirectory.root = _root",
-        'c.CourseDirectory.source_directory = "source"',
-        'c.CourseDirectory.release_directory = "release"',
-        'c.CourseDirectory.submitted_directory = "submitted"',
-        'c.CourseDirectory.autograded_directory = "autograded"',
-        'c.CourseDirectory.feedback_directory = "feedback"',
-        'c.CourseDirectory.solution_directory = "solution"',
-        'c.CourseDirectory.source_with_tests_directory = "source_with_tests"',
-        'c.CourseDirectory.db_url = "sqlite:///" + os.path.join(_root, "gradebook.db")',
-        "c.Execute.timeout = 60",
-        *sb.nbgrader_config_lines(sb.SandboxLimits(wall_seconds=300)),
-    ]
-    (course / "nbgrader_config.py").write_text("\n".join(lines) + "\n")
+    # the course settings with every folder in this course, as the driver writes them for a run
+    from course_grader.grade import write_course_config
+
+    write_course_config(course, 60, sb.nbgrader_config_lines(sb.SandboxLimits(wall_seconds=300)))
 
     def grade_cell(source, cell_id, points=None):
         cell = new_code_cell(source)
