@@ -180,17 +180,20 @@ def default_weight_bytes(config: ModelConfig) -> float:
 
 # -- time bounds ---------------------------------------------------------------------------
 def prefill_flops(config: ModelConfig, tokens: int) -> int:
-    """FLOPs of a prefill of ``tokens`` positions, simplified form: 2*N_matmul*t + 2*L*d*t^2
-    (``docs/roofline.md#prefill-time``). Raises: ValueError for a non-positive ``tokens``."""
+    """FLOPs of a prefill of ``tokens`` positions, simplified form: 2*N_matmul*t + 2*L*(n_h*d_head)*t^2
+    (``docs/roofline.md#prefill-time``), with n_h*d_head = ``config.attention_width`` (the width of
+    the concatenated query heads; d_model for the case model and SmolLM2, not for every model).
+
+    Returns: an exact int. Raises: ValueError for a non-ModelConfig or a non-positive ``tokens``."""
     config = instance("config", config, ModelConfig)
     t = positive_integer("tokens", tokens)
-    return 2 * n_matmul(config) * t + 2 * config.n_layers * config.d_model * t * t
+    return 2 * n_matmul(config) * t + 2 * config.n_layers * config.attention_width * t * t
 
 
 def prefill_time(config: ModelConfig, device, tokens: int, mfu: float = 0.5) -> float:
     """Bound on prefill time (time to first token) in seconds (``docs/roofline.md#prefill-time``):
 
-        (2*N_matmul*t + 2*L*d*t^2) / (mfu * peak_flops)
+        (2*N_matmul*t + 2*L*(n_h*d_head)*t^2) / (mfu * peak_flops)
 
     Prefill is compute-bound (thousands of positions per weight read), so the bound divides
     by compute alone. The Lab 1 exercise of the same name takes the same arguments.
@@ -208,12 +211,15 @@ def prefill_time(config: ModelConfig, device, tokens: int, mfu: float = 0.5) -> 
 
 
 def decode_step_flops(config: ModelConfig, *, batch: int, context: float) -> float:
-    """FLOPs of one decode step: 2*N_matmul*batch + 4*L*d*batch*context
-    (``docs/roofline.md#decode-step-bound``)."""
+    """FLOPs of one decode step: 2*N_matmul*batch + 4*L*(n_h*d_head)*batch*context
+    (``docs/roofline.md#decode-step-bound``), n_h*d_head = ``config.attention_width``.
+
+    Returns: an int for an int ``context``, else a float. Raises: ValueError for a
+    non-ModelConfig, a non-positive ``batch`` or ``context``."""
     config = instance("config", config, ModelConfig)
     b = positive_integer("batch", batch)
     c = positive_number("context", context)
-    return 2 * n_matmul(config) * b + 4 * config.n_layers * config.d_model * b * c
+    return 2 * n_matmul(config) * b + 4 * config.n_layers * config.attention_width * b * c
 
 
 def decode_step(config: ModelConfig, device, *, batch: int, context: float, weight_bytes: float,
@@ -222,7 +228,7 @@ def decode_step(config: ModelConfig, device, *, batch: int, context: float, weig
     positions (``docs/roofline.md#decode-step-bound``), as a ``StepBound``:
 
         bytes   = weight_bytes + batch * kv_per_token * context   (the weight read is shared)
-        FLOPs   = 2*N_matmul*batch + 4*L*d*batch*context
+        FLOPs   = 2*N_matmul*batch + 4*L*(n_h*d_head)*batch*context
         bound_s = step_time(bytes, FLOPs, bandwidth, peak_flops)  (no MFU: optimistic)
 
     Args:

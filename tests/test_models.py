@@ -478,3 +478,168 @@ def test_inputs_and_cache_on_another_device_are_refused_before_any_work(toy):
 def test_from_hf_state_dict_needs_a_mapping():
     with pytest.raises(TypeError, match="state_dict must be a Mapping"):
         Decoder.from_hf_state_dict(toy_config(n_layers=1), [("norm.weight", torch.ones(256))])
+
+
+# -- transformers configs: RoPE scaling implemented, unsupported fields refused ---------------------
+from course_lib.models.config import ROPE_SCALING_TYPES, RopeScaling  # noqa: E402
+from course_lib.models.rope import rope_cos_sin, rope_frequencies  # noqa: E402
+
+#: Llama 3.2's RoPE scaling (its config.json).
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192}
+#: Llama-3.2-1B-shaped sizes, as LlamaConfig keyword arguments.
+LLAMA32_1B = dict(num_hidden_layers=16, hidden_size=2048, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                  intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072, tie_word_embeddings=True)
+
+
+def _llama32_1b_forms():
+    """The same Llama-3.2-1B-shaped config three ways: a transformers LlamaConfig, its to_dict()
+    (transformers >= 5: theta and scaling in rope_parameters) and a config.json written by
+    transformers < 5 (rope_theta beside rope_scaling)."""
+    from transformers import LlamaConfig
+    hf = LlamaConfig(**LLAMA32_1B, rope_theta=500000.0, rope_scaling=dict(LLAMA3_SCALING))
+    old_json = {**LLAMA32_1B, "model_type": "llama", "hidden_act": "silu", "attention_bias": False,
+                "mlp_bias": False, "rope_theta": 500000.0, "rope_scaling": dict(LLAMA3_SCALING)}
+    return hf, {"LlamaConfig": hf, "to_dict()": hf.to_dict(), "config.json (transformers < 5)": old_json}
+
+
+def test_llama3_rope_scaling_is_loaded_and_matches_transformers():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    hf, forms = _llama32_1b_forms()
+    for name, form in forms.items():
+        config = config_from_hf(form)
+        assert config.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 8192), name
+        assert (config.rope_theta, config.head_dim, config.max_seq_len) == (500000.0, 64, 131072), name
+    scaling = config_from_hf(hf).rope_scaling
+    want, attention_factor = ROPE_INIT_FUNCTIONS["llama3"](hf)
+    assert attention_factor == 1.0
+    torch.testing.assert_close(rope_frequencies(64, 500000.0, scaling), want, rtol=1e-6, atol=0)
+    # cos and sin against transformers' rotary embedding (cat(freqs, freqs): the first half is ours)
+    positions = torch.tensor([0, 1, 100, 4095, 8192, 65536, 131071])
+    cos_want, sin_want = LlamaRotaryEmbedding(hf)(torch.zeros(1, dtype=torch.float32), positions[None])
+    cos, sin = rope_cos_sin(positions, 64, 500000.0, scaling=scaling)
+    torch.testing.assert_close(cos[0, 0], cos_want[0, :, :32], rtol=0, atol=1e-5)
+    torch.testing.assert_close(sin[0, 0], sin_want[0, :, :32], rtol=0, atol=1e-5)
+    # and plain RoPE would turn by other angles: mean cos of the angle difference at 8,192 is far from 1
+    plain, _ = rope_cos_sin(torch.tensor([8192]), 64, 500000.0)
+    assert (plain - cos).abs().max() > 0.5
+
+
+def test_linear_rope_scaling_matches_transformers():
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf = LlamaConfig(**LLAMA32_1B, rope_theta=10000.0, rope_scaling={"rope_type": "linear", "factor": 4.0})
+    config = config_from_hf(hf)
+    assert config.rope_scaling == RopeScaling("linear", 4.0)
+    want, _ = ROPE_INIT_FUNCTIONS["linear"](hf)
+    torch.testing.assert_close(rope_frequencies(64, 10000.0, config.rope_scaling), want, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 512},
+    {"rope_type": "linear", "factor": 4.0},
+])
+@torch.no_grad()
+def test_decoder_with_rope_scaling_matches_transformers(scaling):
+    # head_dim 16, theta 1e4: wavelengths 6.3 .. 19,869 positions, so with a 512-position pre-training
+    # context (kept below 128, scaled above 512) llama3 meets all three of its bands. RoPE scores depend
+    # on the distance between positions, so the sequence is long (distances up to 399).
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=2048,
+                     rope_theta=10000.0, rope_scaling=dict(scaling), tie_word_embeddings=False)
+    peer = LlamaForCausalLM(hf).eval()
+    gen = torch.Generator().manual_seed(0)
+    for name, p in peer.named_parameters():   # weights large enough that attention is far from uniform
+        if not name.endswith("norm.weight"):
+            p.data = torch.randn(p.shape, generator=gen) * (1.0 if "embed" in name else 0.5 / p.shape[1] ** 0.5)
+    ours = Decoder.from_hf_state_dict(config_from_hf(hf), peer.state_dict())
+    ids = torch.randint(0, 64, (1, 400), generator=gen)
+    positions = torch.arange(1000, 1400)
+    want = peer(ids, position_ids=positions[None]).logits
+    assert (ours(ids, positions) - want).abs().max() <= 1e-4
+    unscaled = Decoder.from_hf_state_dict(ModelConfig(**{**ours.config.to_dict(), "rope_scaling": None}),
+                                          peer.state_dict())
+    assert (unscaled(ids, positions) - want).abs().max() > 1e-3    # dropping the scaling shows (10x the bound)
+
+
+_SMALL = dict(model_type="llama", num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+              intermediate_size=128, vocab_size=100, max_position_embeddings=256)
+
+
+def _qwen3():
+    from transformers import Qwen3Config
+    return Qwen3Config(**{k: v for k, v in _SMALL.items() if k != "model_type"})
+
+
+def _mistral(**kw):
+    from transformers import MistralConfig
+    return MistralConfig(**{k: v for k, v in _SMALL.items() if k not in ("model_type", "max_position_embeddings")},
+                         **kw)
+
+
+@pytest.mark.parametrize("make, pattern", [
+    (_qwen3, r"model_type='qwen3' is not supported.*QK norm"),
+    (lambda: {**_SMALL, "model_type": "qwen2"}, r"model_type='qwen2' is not supported.*biases"),
+    (lambda: {**_SMALL, "model_type": "gemma2"}, r"model_type='gemma2' is not supported"),
+    (lambda: {**_SMALL, "attention_bias": True}, r"attention_bias=True is not supported.*biases"),
+    (lambda: {**_SMALL, "mlp_bias": True}, r"mlp_bias=True is not supported"),
+    (lambda: {**_SMALL, "use_qk_norm": True}, r"use_qk_norm=True is not supported.*QK norm"),
+    (lambda: {**_SMALL, "hidden_act": "gelu"}, r"hidden_act='gelu' is not supported"),
+    (lambda: _mistral(), r"sliding_window=4096 is not supported.*sliding-window"),
+    (lambda: {**_SMALL, "sliding_window": 128}, r"sliding_window=128 is not supported"),
+    (lambda: {**_SMALL, "layer_types": ["full_attention", "sliding_attention"]}, r"layer_types=.* is not supported"),
+    (lambda: {**_SMALL, "partial_rotary_factor": 0.5}, r"partial_rotary_factor=0.5 is not supported"),
+    (lambda: {**_SMALL, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}},
+     r"rope_scaling .*rope_type 'yarn'.*implements linear, llama3"),
+    (lambda: {**_SMALL, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, r"rope_scaling .*rope_type 'dynamic'"),
+    (lambda: {**_SMALL, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0}},
+     r"rope_scaling .*rope_type 'longrope'"),
+    (lambda: {**_SMALL, "rope_scaling": {"factor": 2.0}}, r"rope_scaling .*rope_type None"),
+    (lambda: {**_SMALL, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+     r"rope_scaling: RopeScaling: rope_type 'llama3' needs low_freq_factor, high_freq_factor, "
+     r"original_max_position_embeddings"),
+    (lambda: {**_SMALL, "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+     r"rope_parameters=.* is not supported.*per-layer"),
+])
+def test_config_from_hf_refuses_what_the_reference_decoder_does_not_compute(make, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        config_from_hf(make())
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _mistral(sliding_window=None),                                     # Mistral without a window is Llama
+    lambda: {**_SMALL, "sliding_window": 4096, "use_sliding_window": False},   # a window switched off
+    lambda: {**_SMALL, "sliding_window": 256},                                 # a window as long as the context
+    lambda: {**_SMALL, "attention_bias": False, "mlp_bias": False, "hidden_act": "silu", "pretraining_tp": 2,
+             "attention_dropout": 0.1, "layer_types": ["full_attention"] * 2},
+    lambda: {k: v for k, v in _SMALL.items() if k != "model_type"},            # a hand-written dict
+])
+def test_config_from_hf_accepts_llama_equivalent_configs(make):
+    config = config_from_hf(make())
+    assert (config.n_layers, config.d_model, config.n_heads, config.n_kv_heads, config.head_dim) == (2, 64, 4, 2, 16)
+    assert config.rope_scaling is None
+
+
+def test_rope_scaling_is_checked_and_round_trips_through_to_dict():
+    assert ROPE_SCALING_TYPES == ("linear", "llama3")
+    with pytest.raises(ValueError, match=r"rope_type must be one of \['linear', 'llama3'\]"):
+        RopeScaling("yarn", 2.0)
+    with pytest.raises(ValueError, match="factor must be a finite number > 0"):
+        RopeScaling("linear", 0.0)
+    with pytest.raises(ValueError, match="'linear' takes only a factor, got low_freq_factor"):
+        RopeScaling("linear", 2.0, low_freq_factor=1.0)
+    with pytest.raises(ValueError, match=r"low_freq_factor \(4.0\) must be below high_freq_factor \(1.0\)"):
+        RopeScaling("llama3", 8.0, 4.0, 1.0, 8192)
+    with pytest.raises(TypeError, match="original_max_position_embeddings must be an int"):
+        RopeScaling("llama3", 8.0, 1.0, 4.0, 8192.0)
+    with pytest.raises(TypeError, match="rope_scaling must be None, a RopeScaling or a dict"):
+        toy_config(rope_scaling="llama3")
+    config = toy_config(rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 256))
+    assert ModelConfig(**config.to_dict()) == config and hash(config) == hash(ModelConfig(**config.to_dict()))
+    assert toy_config(rope_scaling={"rope_type": "linear", "factor": 2.0}).rope_scaling == RopeScaling("linear", 2.0)

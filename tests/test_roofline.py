@@ -15,8 +15,8 @@ from course_lib.hardware import DEVICES, REFERENCE_DEVICES, Device
 from course_lib.models import ModelConfig, smollm2_135m_config
 from course_lib.roofline import (
     CASE_WEIGHT_BYTES, capacity_table, case_model, decode_attention_intensity, decode_step, decode_step_bound,
-    gemm_intensity, gemv_intensity, kv_bytes_per_sequence, kv_bytes_per_token, n_matmul, prefill_time,
-    requests_that_fit, serving_file_bytes, smallest_compute_bound_batch, step_time, step_time_bound,
+    decode_step_flops, gemm_intensity, gemv_intensity, kv_bytes_per_sequence, kv_bytes_per_token, n_matmul,
+    prefill_flops, prefill_time, requests_that_fit, serving_file_bytes, smallest_compute_bound_batch, step_time, step_time_bound,
     weight_bytes_for_format,
 )
 from course_lib.speculative import expected_tokens_per_step, speculative_speedup, verification_cost_ratio
@@ -198,6 +198,48 @@ def test_decode_step_bound_is_max_not_sum():
     s = decode_step(case_model(), "24GB-1.0", batch=4096, context=5000, weight_bytes=W)
     assert s.binding in ("memory", "compute")
     assert s.bound_s == max(s.memory_s, s.compute_s) < s.memory_s + s.compute_s
+
+
+# -- the attention width n_h * d_head where it differs from d (docs/roofline.md#flops-per-token) ----
+#: Qwen3-0.6B-shaped: 28 layers, d 1,024, 16 query / 8 KV heads of 128 (n_h * d_head = 2,048 = 2 d),
+#: SwiGLU 3,072, vocabulary 151,936, tied.
+QWEN3_SHAPED = ModelConfig(n_layers=28, d_model=1024, n_heads=16, n_kv_heads=8, head_dim=128, d_ff=3072,
+                           vocab_size=151936, tie_embeddings=True)
+# N_matmul by the counting rule, written out: block = 2*d*(n_h*d_head) + 2*d*(n_kv*d_head) + 3*d*d_ff + 2*d;
+# tied, so the table counts once (as the head) plus the final norm.
+QWEN3_BLOCK = 2 * 1024 * 2048 + 2 * 1024 * 1024 + 3 * 1024 * 3072 + 2 * 1024
+QWEN3_N_MATMUL = 28 * QWEN3_BLOCK + 1024 + 151936 * 1024
+
+
+def test_attention_width_is_query_heads_times_head_dim():
+    assert QWEN3_N_MATMUL == 596_042_752
+    assert QWEN3_SHAPED.attention_width == 2048 != QWEN3_SHAPED.d_model
+    assert n_matmul(QWEN3_SHAPED) == QWEN3_N_MATMUL
+    assert case_model().attention_width == case_model().d_model == 4096
+    assert smollm2_135m_config().attention_width == smollm2_135m_config().d_model == 576
+
+
+def test_decode_flops_count_attention_with_n_heads_times_head_dim():
+    # context 4,096, batch 1: attention 4 * L * (n_h * d_head) * batch * context
+    attention = 4 * 28 * (16 * 128) * 1 * 4096
+    expected = 2 * QWEN3_N_MATMUL * 1 + attention
+    assert (attention, expected) == (939_524_096, 2_131_609_600)
+    assert (sig(attention, 4), sig(expected, 5)) == (9.395e8, 2.1316e9)
+    got = decode_step_flops(QWEN3_SHAPED, batch=1, context=4096)
+    assert got == expected
+    assert got != 2 * QWEN3_N_MATMUL + 4 * 28 * 1024 * 4096           # d_model in the attention term: 1.6618e9
+    step = decode_step(QWEN3_SHAPED, "24GB-1.0", batch=1, context=4096, weight_bytes=1.2e9)
+    assert step.flops == expected and step.compute_s == pytest.approx(expected / 165e12, rel=1e-12)
+
+
+def test_prefill_flops_count_attention_with_n_heads_times_head_dim():
+    t = 4096
+    expected = 2 * QWEN3_N_MATMUL * t + 2 * 28 * (16 * 128) * t * t
+    assert expected == 6_806_927_572_992 and sig(expected, 4) == 6.807e12
+    got = prefill_flops(QWEN3_SHAPED, t)
+    assert type(got) is int and got == expected
+    assert sig(got, 4) != sig(2 * QWEN3_N_MATMUL * t + 2 * 28 * 1024 * t * t, 4)   # with d_model: 5.845e12
+    assert prefill_time(QWEN3_SHAPED, "24GB-1.0", t, 0.5) == pytest.approx(expected / (0.5 * 165e12), rel=1e-12)
 
 
 def test_decode_step_bound_errors():

@@ -19,8 +19,8 @@ from course_lib.hardware import DEVICES, REFERENCE_DEVICES, Device
 from course_lib.roofline import CASE_WEIGHT_BYTES, case_model, n_matmul
 from course_lib.scheduling import (
     CHUNK_BUDGET, MAX_RUNNING, POLICIES, PROFILES, Deployment, Request, RequestRecord, RequestTooLargeError,
-    StepPlan, admit, capacity, chunked_step, cost_per_million_tokens, evictions, iteration_time, make_workload,
-    meets_targets, metrics, plan_chunks, run_reference, run_trace, run_with_step, simulate,
+    StepPlan, admit, capacity, chunked_step, cost_per_million_tokens, evictions, iteration_time, iteration_work,
+    make_workload, meets_targets, metrics, plan_chunks, run_reference, run_trace, run_with_step, simulate,
 )
 
 APPROX = dict(rel=1e-12, abs=1e-12)
@@ -31,7 +31,8 @@ CASE = Deployment()
 
 def small(kv_budget: float, *, bandwidth: float, peak_flops: float, **model) -> Deployment:
     """A deployment on a small device with just the memory its weights and KV budget take, used at
-    full peak (mfu 1); ``model``: n_matmul, n_layers, d_model, kv_bytes_per_token, weight_bytes."""
+    full peak (mfu 1); ``model``: n_matmul, n_layers, d_model, attention_width (default d_model),
+    kv_bytes_per_token, weight_bytes."""
     device = Device("small", memory=model["weight_bytes"] + kv_budget, bandwidth=bandwidth, peak_flops=peak_flops)
     return Deployment(device=device, mfu=1.0, kv_budget=kv_budget, **model)
 
@@ -63,6 +64,7 @@ def test_deployment_defaults_are_the_case_model_on_24gb_1():
     assert (d.kv_budget, d.device.bandwidth, d.usable_flops, d.kv_bytes_per_token) == (16e9, 1e12, 0.5 * 165e12,
                                                                                        147_456)
     assert (d.n_matmul, d.n_layers, d.d_model, d.weight_bytes) == (8_927_875_072, 36, 4096, 5.5e9)
+    assert d.attention_width == 32 * 128 == 4096   # the case model's n_h * d_head, equal to its d
     # and they are the roofline module's case model and Lab 1's free memory, not retyped copies
     assert d.n_matmul == n_matmul(case_model()) and d.weight_bytes == CASE_WEIGHT_BYTES
     assert d.kv_budget == d.device.memory - d.weight_bytes - 2.5e9
@@ -120,6 +122,30 @@ def test_iteration_time_formula_by_hand():
     assert iteration_time([7], [], d) == (1000 + 7) / 1000
 
 
+def test_iteration_time_counts_attention_with_the_attention_width():
+    # attention_width (n_h * d_head) 3 on a model of width d 1: the attention term is 4 * L * 3 * attention
+    d = small(1e6, bandwidth=1000.0, peak_flops=10000.0, kv_bytes_per_token=1, n_matmul=1, n_layers=2,
+              d_model=1, attention_width=3, weight_bytes=1000.0)
+    # one chunk of 300 on 0 cached: positions 300, attention 300*301/2 = 45150, compute-bound
+    assert iteration_time([], [(300, 0)], d) == (2 * 300 + 4 * 2 * 3 * 45150) / 10000
+    assert iteration_time([], [(300, 0)], d) != (2 * 300 + 4 * 2 * 1 * 45150) / 10000   # not with d_model
+    # left out, it takes d_model
+    assert tiny(1e6).attention_width == 1 and Deployment(d_model=1024).attention_width == 1024
+    # the Qwen3-0.6B-shaped model of docs/roofline.md#flops-per-token (28 layers, d 1,024, 16 heads of 128,
+    # N_matmul 596,042,752): one decode at context 4,096 is 2 * 596,042,752 + 4 * 28 * 2048 * 4096 FLOPs
+    qwen = Deployment(n_matmul=596_042_752, n_layers=28, d_model=1024, attention_width=16 * 128,
+                      kv_bytes_per_token=2 * 28 * 8 * 128 * 2, weight_bytes=1.2e9)
+    assert iteration_work(positions=1, attention=4096, context=4096, deployment=qwen)[1] == 2_131_609_600
+
+
+def test_fast_matches_reference_when_the_attention_width_differs_from_d_model():
+    for width, policy in [(3, "chunked"), (5, "paged"), (2, "static")]:
+        deployment = small(3000.0, bandwidth=1e3, peak_flops=1e5, kv_bytes_per_token=1, n_matmul=2, n_layers=1,
+                           d_model=1, attention_width=width, weight_bytes=1000.0)
+        reqs = random_trace(random.Random(width), 12)
+        assert_identical(run_trace(reqs, policy, deployment), run_reference(reqs, policy, deployment))
+
+
 @pytest.mark.parametrize("decodes, chunks, error", [
     ([-1], [], ValueError), ([], [(0, 5)], ValueError), ([], [(5, -1)], ValueError), ([], [], ValueError),
     ([1.5], [], TypeError), (["3"], [], TypeError), ([], [(5,)], TypeError), ([], [(5.0, 1)], TypeError),
@@ -141,6 +167,10 @@ def test_iteration_time_rejects_bad_deployment():
         Deployment(kv_bytes_per_token="big")
     with pytest.raises(ValueError, match="mfu"):
         Deployment(mfu=1.5)
+    with pytest.raises(ValueError, match="attention_width"):
+        Deployment(attention_width=0)
+    with pytest.raises(TypeError, match="attention_width"):
+        Deployment(attention_width="2048")
     with pytest.raises(TypeError, match="device"):
         Deployment(device="24GB-1.0")
     with pytest.raises(ValueError, match="exceed the memory"):

@@ -220,7 +220,7 @@ class Decoder(nn.Module):
             start = cache.length
             if start + T > cache.max_len:
                 raise ValueError(f"KV cache overflow: {start} filled + {T} new > max_len {cache.max_len}")
-        rope = rope_cos_sin(positions, c.head_dim, c.rope_theta, batch=B)  # once per forward
+        rope = rope_cos_sin(positions, c.head_dim, c.rope_theta, batch=B, scaling=c.rope_scaling)  # once per forward
         attention_fn = attention_fn or attend_with_cache
         x = self.embed_tokens(input_ids)
         if cache is None:

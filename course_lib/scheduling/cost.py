@@ -6,7 +6,7 @@ top of c cached ones). Its time is a roofline bound (``roofline.step_time``):
 
     positions = decodes + sum(k)
     attention = sum(c over decodes) + sum(k*c + k*(k+1)/2 over chunks)
-    FLOPs     = 2 * N_matmul * positions + 4 * L * d * attention
+    FLOPs     = 2 * N_matmul * positions + 4 * L * (n_h * d_head) * attention
     bytes     = weight_bytes + kv_bytes_per_token * (sum(c over decodes) + sum(c over chunks))
     time      = max(bytes / bandwidth, FLOPs / (mfu * peak_flops))
 
@@ -19,9 +19,10 @@ is a chunk of k = 1 on its c cached positions (attention c + 1, bytes c), as vLL
 decode tokens. Only static batching uses the decodes term (attention c).
 
 A ``Deployment`` is what the cost model prices: a ``hardware.Device`` (bandwidth, peak
-compute, memory) serving one model (N_matmul, L, d, weight bytes, KV bytes per token) at an
-MFU, with a KV-cache budget. Its defaults are the course's case model on the 24GB-1.0 device
-at 50 % MFU with 16e9 B of KV budget. ``PROFILES`` holds the four priced deployments of the lab.
+compute, memory) serving one model (N_matmul, L, d, its attention width n_h * d_head, weight
+bytes, KV bytes per token) at an MFU, with a KV-cache budget. Its defaults are the course's
+case model on the 24GB-1.0 device at 50 % MFU with 16e9 B of KV budget. ``PROFILES`` holds the
+four priced deployments of the lab.
 """
 from __future__ import annotations
 
@@ -61,6 +62,11 @@ class Deployment:
         n_matmul: parameters taking part in a matrix multiply per token (8,927,875,072).
         n_layers: decoder layers L (36).
         d_model: model width d (4096).
+        attention_width: n_h * d_head, the width of the concatenated query heads, which the
+            attention FLOPs scale with (``docs/roofline.md#flops-per-token``). None (the
+            default) takes ``d_model``: the two are equal for the case model (32 * 128 = 4096)
+            and SmolLM2, not for every model (Qwen3-0.6B: d 1,024, 16 * 128 = 2,048). Stored
+            resolved, so ``deployment.attention_width`` is always a number.
         kv_bytes_per_token: KV-cache bytes per token position (147,456 for bf16 K and V).
         weight_bytes: bytes of weights read once per iteration (5.5e9).
 
@@ -77,6 +83,7 @@ class Deployment:
     n_matmul: int = CASE_N_MATMUL
     n_layers: int = CASE_LAYERS
     d_model: int = CASE_D_MODEL
+    attention_width: int | None = None
     kv_bytes_per_token: float = CASE_KV_BYTES_PER_TOKEN
     weight_bytes: float = CASE_WEIGHT_BYTES
 
@@ -85,6 +92,9 @@ class Deployment:
         number("Deployment.mfu", self.mfu, minimum=0, maximum=1, open_minimum=True)
         for name in ("kv_budget", "n_matmul", "n_layers", "d_model", "kv_bytes_per_token", "weight_bytes"):
             positive_number(f"Deployment.{name}", getattr(self, name))
+        if self.attention_width is None:
+            object.__setattr__(self, "attention_width", self.d_model)  # frozen: resolve the default once
+        positive_number("Deployment.attention_width", self.attention_width)
         if self.weight_bytes + self.kv_budget > self.device.memory:
             raise ValueError(f"Deployment: weight_bytes {self.weight_bytes:.4g} B + kv_budget {self.kv_budget:.4g} B "
                              f"exceed the memory of {self.device.name} ({self.device.memory:.4g} B)")
@@ -145,13 +155,13 @@ def iteration_work(*, positions, attention, context, deployment: Deployment):
     """An iteration's (bytes moved, FLOPs) from its three integer totals:
 
         bytes = weight_bytes + kv_bytes_per_token * context
-        FLOPs = 2 * n_matmul * positions + 4 * n_layers * d_model * attention
+        FLOPs = 2 * n_matmul * positions + 4 * n_layers * attention_width * attention
 
     The totals may be numpy int64 arrays (the fast simulator's stretches; the results are then
     arrays). No checks: the totals are the callers' own integers."""
     d = deployment
     return (d.weight_bytes + d.kv_bytes_per_token * context,
-            2 * d.n_matmul * positions + 4 * d.n_layers * d.d_model * attention)
+            2 * d.n_matmul * positions + 4 * d.n_layers * d.attention_width * attention)
 
 
 def iteration_seconds(*, positions, attention, context, deployment: Deployment):
@@ -182,7 +192,7 @@ def iteration_time(decodes: Sequence[int], chunks: Sequence[tuple[int, int]], de
     Returns:
         max(bytes / bandwidth, FLOPs / usable_flops) with positions = len(decodes) + sum k,
         attention = sum c(decodes) + sum(k*c + k*(k+1)/2), FLOPs = 2*N_matmul*positions
-        + 4*L*d*attention, bytes = weight_bytes + kv_bytes_per_token * (sum c(decodes) +
+        + 4*L*attention_width*attention, bytes = weight_bytes + kv_bytes_per_token * (sum c(decodes) +
         sum c(chunks)). E.g. a 4,000-token prefill alone on ``Deployment()``: 0.923 s; 18
         decodes at context 5,000: 18.77 ms (also as 18 chunks (1, 5000): memory-bound, bytes
         unchanged).

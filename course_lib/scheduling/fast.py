@@ -102,8 +102,8 @@ def _stretch(tl: _Timeline, m: int, deployment: Deployment, stop_at: float | Non
     last_attention, last_context = attention + attention_step * (m - 1), context + context_step * (m - 1)
     d = deployment
     kv = d.kv_bytes_per_token
-    exact = (all(isinstance(v, int) for v in (d.n_matmul, d.n_layers, d.d_model))
-             and 4 * d.n_layers * d.d_model * last_attention + 2 * d.n_matmul * positions <= 2 ** 62
+    exact = (all(isinstance(v, int) for v in (d.n_matmul, d.n_layers, d.attention_width))
+             and 4 * d.n_layers * d.attention_width * last_attention + 2 * d.n_matmul * positions <= 2 ** 62
              and last_context * (kv if isinstance(kv, int) else 1) <= 2 ** 62)
     if m < _NUMPY_STRETCH or not exact:   # short, or integers int64 could not hold exactly: one at a time
         for j in range(m):
