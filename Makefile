@@ -20,6 +20,24 @@ BUILD := build
 export HF_HUB_OFFLINE ?= 1
 # nbgrader runs helper programs (alembic) by name: the venv must come first on PATH.
 export PATH := $(abspath $(BIN)):$(PATH)
+# Notebooks run in this venv's Python whatever kernelspecs the user's Jupyter set-up holds (a
+# `python3` one on JUPYTER_PATH or in ~/.local/share/jupyter, say): JUPYTER_PATH, searched first,
+# starts with the venv's share/jupyter, whose ipykernel spec `python3` runs "python", which
+# jupyter_client replaces by the interpreter that starts the kernel, i.e. this venv's
+# (jupyter_client KernelManager.format_kernel_cmd). nbval also gets --nbval-current-env.
+export JUPYTER_PATH := $(abspath $(VENV))/share/jupyter$(if $(JUPYTER_PATH),:$(JUPYTER_PATH))
+# How notebooks are executed: `make run` (nbconvert) and `make test-notebooks` (nbval);
+# tests/test_jupyter_env.py runs these same lines on a probe notebook.
+EXECUTE_NOTEBOOK := $(BIN)/jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=900 --log-level=WARN
+NBVAL := $(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env --nbval-cell-timeout=900
+# Options `make lab` passes on to `jupyter lab`, e.g. LAB_ARGS="--port 8899 --no-browser --ip 0.0.0.0".
+LAB_ARGS ?=
+# Jupyter refuses to start as root without --allow-root; root is the usual user in a container.
+LAB_ROOT_ARGS = $(if $(filter 0,$(shell id -u)),--allow-root)
+LAB_ROOT_NOTE := make lab: running as root (uid 0, as in a container), so adding --allow-root
+# The learner's JupyterLab reads jupyter/ (the course's learner settings: nbgrader's instructor
+# tools off) before any other Jupyter config folder; the user's own config is left as it is.
+LAB_ENV = JUPYTER_CONFIG_PATH=$(abspath jupyter)$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}
 
 .PHONY: help setup sandbox model run test test-fast test-lib test-notebooks test-grading test-hostile lab release samples hostile grade clean
 
@@ -31,7 +49,7 @@ help:
 	@echo "make test        what CI runs: library tests, nbval on solutions/, labs/ in sync, grading of the samples and of the hostile submissions"
 	@echo "make test-fast   the unit tests without the slow ones (about a minute on an idle 2-core machine): run it while editing"
 	@echo "make test-hostile  grade autograder/hostile/ and check nothing outside the work folder changed (part of make test)"
-	@echo "make lab         open JupyterLab on labs/ (learners)"
+	@echo "make lab [LAB_ARGS='--port 8899 --no-browser --ip 0.0.0.0']   open JupyterLab on labs/ (learners)"
 	@echo "make release     regenerate labs/ from solutions/ (nbgrader generate_assignment)"
 	@echo "make grade SUBMISSIONS=DIR [JOBS=N] [GRADE_ARGS='--per-test --seed N']   autograde DIR/{learner}/{lab}/{lab}.ipynb (JOBS default 2)"
 	@echo "make samples     regenerate autograder/samples/ and expected_scores.csv (from the labs' FAULTS tables) and autograder/hostile/"
@@ -63,8 +81,7 @@ run: model sandbox
 	@for lab in $(LABS); do \
 	  echo "== executing solutions/$$lab/$$lab.ipynb"; \
 	  start=$$(date +%s); \
-	  $(BIN)/jupyter nbconvert --to notebook --execute solutions/$$lab/$$lab.ipynb \
-	    --ExecutePreprocessor.timeout=900 --output-dir $(BUILD)/notebooks --log-level=WARN; \
+	  $(EXECUTE_NOTEBOOK) solutions/$$lab/$$lab.ipynb --output-dir $(BUILD)/notebooks; \
 	  $(BIN)/jupyter nbconvert --to html $(BUILD)/notebooks/$$lab.ipynb --output-dir $(BUILD)/notebooks --log-level=WARN; \
 	  echo "   executed in $$(( $$(date +%s) - start )) s -> $(BUILD)/notebooks/$$lab.ipynb (and .html)"; \
 	  grep -o '\[artifact\][^"\\]*' $(BUILD)/notebooks/$$lab.ipynb | sort -u | sed 's/^/   /' || true; \
@@ -82,7 +99,7 @@ test-lib: setup sandbox
 	$(BIN)/python -m pytest tests -q
 
 test-notebooks: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-cell-timeout=900 solutions
+	$(NBVAL) solutions
 
 test-grading: setup sandbox
 	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --per-test $(GRADE_ARGS)
@@ -93,7 +110,8 @@ test-hostile: setup sandbox
 	$(BIN)/python -m course_grader.hostile check --jobs $(JOBS)
 
 lab: setup
-	$(BIN)/jupyter lab labs
+	@$(if $(LAB_ROOT_ARGS),echo "$(LAB_ROOT_NOTE)")
+	$(LAB_ENV) $(BIN)/jupyter lab labs $(LAB_ROOT_ARGS) $(LAB_ARGS)
 
 release: setup
 	@cd autograder && for lab in $(LABS); do ../$(BIN)/nbgrader generate_assignment $$lab --force --log-level=WARN; done
