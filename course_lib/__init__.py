@@ -2,7 +2,8 @@
 
 Modules: ``models`` (config, toy and reference decoders, RoPE, attention), ``cache``
 (contiguous and paged KV caches), ``data`` (artifact manifests and loaders), ``grading``
-(contract checkers), ``widgets`` (ipywidgets explorers), ``kernels`` (Triton kernels),
+(contract checkers), ``widgets`` (ipywidgets explorers), ``exercises`` (a lab notebook's
+exercises, and the ``requires`` guard of a cell that needs one), ``kernels`` (Triton kernels),
 ``hardware`` and ``roofline`` (device specs and Lab 1 bounds), ``scheduling`` (Lab 3 serving
 simulator, metrics and capacity search).
 """

@@ -1,11 +1,13 @@
 """The RoPE explorer computes what it draws without a browser (course Lab 2 widget)."""
 import math
+import struct
 
 import matplotlib
 import pytest
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from course_lib.widgets import rope_explorer, rope_explorer_state
+from course_lib.widgets import rope_explorer, rope_explorer_figure, rope_explorer_state
 
 matplotlib.use("Agg")
 
@@ -53,3 +55,36 @@ def test_widget_draws_a_png_for_each_setting():
     assert first[:8] == b"\x89PNG\r\n\x1a\n"
     panel.children[0].children[0].value = 300
     assert panel.children[1].value != first
+
+
+def _png_width_height(png: bytes):
+    """The PNG's own size, read from its IHDR chunk (bytes 16-24 after the signature)."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    return struct.unpack(">II", png[16:24])
+
+
+@pytest.mark.parametrize("n_pairs", [1, 4, 8, 16])
+def test_widget_shows_the_picture_at_its_natural_size(n_pairs):
+    """One image pixel per CSS pixel: the layout width is the PNG's width (the height follows its
+    aspect ratio), and the panel does not stretch its children to the notebook's width."""
+    panel = rope_explorer(position=3, n_pairs=n_pairs)
+    image = panel.children[1]
+    width, height = _png_width_height(image.value)
+    assert image.layout.width == f"{width}px"
+    assert image.layout.height in (None, "auto")
+    assert panel.layout.align_items == "flex-start"
+    panel.children[0].children[1].value = 1 if n_pairs > 1 else 9     # a new picture gets its own width
+    width, _ = _png_width_height(image.value)
+    assert image.layout.width == f"{width}px"
+
+
+@pytest.mark.parametrize("n_pairs", [1, 2, 3, 8, 9, 16])
+@pytest.mark.parametrize("position, base", [(0, 10.0), (4096, 1e6)])
+def test_every_title_fits_inside_the_picture(n_pairs, position, base):
+    fig, _ = rope_explorer_figure(position, n_pairs, base)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    box = fig.bbox
+    for text in list(fig.texts) + [ax.title for ax in fig.axes if ax.title.get_text()]:   # suptitle, pair titles
+        extent = text.get_window_extent(renderer)
+        assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and box.y0 <= extent.y0 and extent.y1 <= box.y1, (
+            f"{text.get_text()!r} is cut: {extent} outside the figure {box}")

@@ -3,8 +3,8 @@
 Pair i turns by the angle position * omega_i with omega_i = base^(-2i/d) (d = 2 * pairs):
 the first pair spins fastest, the last barely moves, so nearby positions differ in
 the fast pairs and distant ones in the slow pairs. ``rope_explorer_state`` computes
-what the widget draws (testable without a browser); ``rope_explorer`` wires it to
-ipywidgets sliders and a matplotlib picture.
+what the widget draws (testable without a browser), ``rope_explorer_figure`` the picture, and
+``rope_explorer`` wires them to ipywidgets sliders.
 """
 from __future__ import annotations
 
@@ -50,57 +50,97 @@ def rope_explorer_state(position: int, n_pairs: int, base: float = 10000.0, seed
             "norm_before": float(x.norm()), "norm_after": float(rotated.norm())}
 
 
-def rope_explorer(position: int = 5, n_pairs: int = 8, base: float = 10000.0):
-    """An ipywidgets panel: sliders for position, pairs and base, and a picture of every pair
-    before (grey) and after (blue) rotation with its angle in turns. Returns the widget; its
-    ``update()`` attribute redraws for the current slider values and returns the state (tests).
+#: Resolution of the widget's picture (dots per inch); it is shown at this size, one image pixel
+#: per CSS pixel, never stretched to the notebook's width.
+DPI: int = 100
+#: Smallest figure width (inches): wide enough for the two title lines when there are few pairs.
+MIN_WIDTH_IN: float = 4.0
 
-    The picture is a PNG in an ``ipywidgets.Image``: updating it is one widget-state message,
-    with no output capture, so the panel behaves the same in JupyterLab and in headless runs
-    (nbconvert, nbval, nbgrader)."""
+
+def rope_explorer_figure(position: int, n_pairs: int, base: float = 10000.0, seed: int = 0):
+    """The picture the RoPE widget shows: one small plot per pair, the example vector's pair
+    before (grey) and after (blue) rotation, titled with its angle in turns.
+
+    Args:
+        position, n_pairs, base, seed: as ``rope_explorer_state``.
+
+    Returns:
+        ``(figure, state)``: a ``matplotlib.figure.Figure`` drawn off-screen (pyplot's backend is
+        left alone), at most 8 plots per row and at least ``MIN_WIDTH_IN`` inches wide, and the
+        ``rope_explorer_state`` dict it draws.
+
+    Raises:
+        ValueError: as ``rope_explorer_state``.
+    """
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Circle
+
+    state = rope_explorer_state(position, n_pairs, base, seed)
+    cols = min(n_pairs, 8)
+    rows = math.ceil(n_pairs / cols)
+    fig = Figure(figsize=(max(1.4 * cols, MIN_WIDTH_IN), 1.7 * rows + 0.6))
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        ax.set_axis_off()
+        if i >= n_pairs:
+            continue
+        o, r = state["original"][i], state["rotated"][i]
+        radius = float(o.norm())
+        lim = 1.1 * radius + 1e-9
+        ax.add_patch(Circle((0, 0), radius, fill=False, lw=0.5, color="0.8"))
+        ax.arrow(0, 0, float(o[0]), float(o[1]), color="0.6", width=0.01 * lim)
+        ax.arrow(0, 0, float(r[0]), float(r[1]), color="C0", width=0.01 * lim)
+        ax.set_xlim(-lim, lim)
+        ax.set_ylim(-lim, lim)
+        ax.set_aspect("equal")
+        ax.set_title(f"pair {i}\n{float(state['turns'][i]):.3g} turns", fontsize=8)
+    fig.suptitle(f"position {position}, base {base:.3g}\n|x| {state['norm_before']:.4f} "
+                 f"-> {state['norm_after']:.4f}", fontsize=9)
+    fig.tight_layout()
+    return fig, state
+
+
+def _png_size(png: bytes) -> tuple[int, int]:
+    """(width, height) in pixels of a PNG image, read from its header (the IHDR chunk).
+    Raises: ValueError if ``png`` is not a PNG."""
+    if png[:8] != b"\x89PNG\r\n\x1a\n" or png[12:16] != b"IHDR":
+        raise ValueError("not a PNG image")
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+def rope_explorer(position: int = 5, n_pairs: int = 8, base: float = 10000.0):
+    """An ipywidgets panel: sliders for position, pairs and base, and the picture of
+    ``rope_explorer_figure`` for their values. Returns the widget; its ``update()`` attribute
+    redraws for the current slider values and returns the state (tests).
+
+    The picture is a PNG in an ``ipywidgets.Image`` whose layout width is the PNG's own width in
+    pixels (height follows the aspect ratio), so it is shown at its natural resolution rather than
+    stretched to the notebook's width. Updating it is one widget-state message, with no output
+    capture, so the panel behaves the same in JupyterLab and in headless runs (nbconvert, nbval,
+    nbgrader). Like every widget it lives in the kernel: a notebook reopened later shows it again
+    only when its cell is rerun (or when JupyterLab saved the widget state with the notebook)."""
     import io
 
     import ipywidgets as widgets
-    from matplotlib.figure import Figure      # drawn off-screen; pyplot's backend is left alone
-    from matplotlib.patches import Circle
 
     pos = widgets.IntSlider(value=position, min=0, max=4096, description="position")
     pairs = widgets.IntSlider(value=n_pairs, min=1, max=16, description="pairs")
     base_w = widgets.FloatLogSlider(value=base, base=10, min=1, max=6, description="base")
-    image = widgets.Image(format="png")
+    image = widgets.Image(format="png", layout=widgets.Layout(height="auto"))
 
     def update(*_):
-        state = rope_explorer_state(int(pos.value), int(pairs.value), float(base_w.value))
-        n = int(pairs.value)
-        cols = min(n, 8)
-        rows = math.ceil(n / cols)
-        fig = Figure(figsize=(1.6 * cols, 1.7 * rows + 0.4))
-        axes = fig.subplots(rows, cols, squeeze=False)
-        for i, ax in enumerate(axes.flat):
-            ax.set_axis_off()
-            if i >= n:
-                continue
-            o, r = state["original"][i], state["rotated"][i]
-            radius = float(o.norm())
-            lim = 1.1 * radius + 1e-9
-            ax.add_patch(Circle((0, 0), radius, fill=False, lw=0.5, color="0.8"))
-            ax.arrow(0, 0, float(o[0]), float(o[1]), color="0.6", width=0.01 * lim)
-            ax.arrow(0, 0, float(r[0]), float(r[1]), color="C0", width=0.01 * lim)
-            ax.set_xlim(-lim, lim)
-            ax.set_ylim(-lim, lim)
-            ax.set_aspect("equal")
-            ax.set_title(f"pair {i}\n{float(state['turns'][i]):.3g} turns", fontsize=8)
-        fig.suptitle(f"position {pos.value}, base {base_w.value:.3g}: |x| {state['norm_before']:.4f} "
-                     f"-> {state['norm_after']:.4f}", fontsize=9)
-        fig.tight_layout()
+        fig, state = rope_explorer_figure(int(pos.value), int(pairs.value), float(base_w.value))
         buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=90)
-        image.value = buffer.getvalue()
+        fig.savefig(buffer, format="png", dpi=DPI)
+        png = buffer.getvalue()
+        image.layout.width = f"{_png_size(png)[0]}px"    # before the new picture arrives: never stretched
+        image.value = png
         return state
 
     for w in (pos, pairs, base_w):
         w.observe(update, names="value")
-    panel = widgets.VBox([widgets.HBox([pos, pairs, base_w]), image])
+    panel = widgets.VBox([widgets.HBox([pos, pairs, base_w]), image],
+                         layout=widgets.Layout(align_items="flex-start"))
     panel.update = update
     update()
     return panel

@@ -1,0 +1,261 @@
+"""What a learner reads and runs in the lab notebooks, checked without a kernel.
+
+- Each lab's first cell shows its exercises and points exactly as the graded cells' nbgrader
+  metadata declares them (``course_lib.exercises.points_table``), and every
+  "**Exercise N (P points).**" statement agrees with it.
+- A cell that uses a learner's function names it in a ``requires(...)`` call on its first line,
+  so that it stops at once, naming the exercise, when that function is not written yet.
+- ``requires`` and ``is_unsolved_stub`` tell nbgrader's release stubs from solved functions, on
+  the real cells of every lab.
+"""
+import ast
+import inspect
+import re
+import textwrap
+
+import nbformat
+import pytest
+import torch
+
+from course_grader.samples import ROOT, labs, tables
+from course_grader.samples import test_points as points_per_test   # not a test: renamed for pytest
+from course_lib.exercises import Exercise, ExerciseNeeded, exercises, is_unsolved_stub, points_table, requires
+
+LABS = labs()
+STUB = "    # YOUR CODE HERE\n    raise NotImplementedError()"   # nbgrader's code stub (course_grader.config)
+
+
+def _notebook(kind: str, lab: str):
+    folder = "solutions" if kind == "solution" else "labs"
+    return nbformat.read(ROOT / folder / lab / f"{lab}.ipynb", as_version=4)
+
+
+def _meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+# -- exercises() on a notebook written out by hand ----------------------------------------------
+def _cell(kind: str, source: str, **nbgrader):
+    cell = {"markdown": nbformat.v4.new_markdown_cell, "code": nbformat.v4.new_code_cell}[kind](source)
+    if nbgrader:
+        cell.metadata["nbgrader"] = nbgrader
+    return cell
+
+
+def _toy_notebook(extra=()):
+    return nbformat.v4.new_notebook(cells=[
+        _cell("markdown", "# Lab\n\n## 1. First"),
+        _cell("code", "import math"),
+        _cell("code", "def f(x):\n    return x\n\n\ndef g(x):\n    return 2 * x", grade_id="fg", solution=True,
+              grade=False),
+        _cell("code", "assert f(1) == 1", grade_id="test_f", grade=True, solution=False, points=1),
+        _cell("code", "assert g(1) == 2", grade_id="test_g", grade=True, solution=False, points=1.5),
+        _cell("markdown", "text\n\n## 2. Second\n\nmore"),
+        _cell("code", "def h():\n    return 3", grade_id="h", solution=True, grade=False),
+        _cell("code", "assert h() == 3", grade_id="test_h", grade=True, solution=False, points=2),
+        *extra])
+
+
+def test_exercises_follow_the_metadata_of_a_hand_written_notebook():
+    assert exercises(_toy_notebook()) == (
+        Exercise(number=1, cell="fg", functions=("f", "g"), tests=("test_f", "test_g"), points=2.5, section="1"),
+        Exercise(number=2, cell="h", functions=("h",), tests=("test_h",), points=2, section="2"))
+    table = points_table(_toy_notebook())
+    assert table.splitlines()[2:] == ["| 1 | 1 | `f`, `g` | 2.5 |", "| 2 | 2 | `h` | 2 |",
+                                      "| **2 exercises** | | 3 functions | **4.5** |"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda nb: nb.cells.insert(1, _cell("code", "1", grade_id="test_x", grade=True, solution=False, points=1)),
+     "before the first solution cell"),
+    (lambda nb: nb.cells.append(_cell("code", "def k():\n    pass", grade_id="k", solution=True, grade=False)),
+     "no graded test cell"),
+    (lambda nb: nb.cells.append(_cell("code", "1", grade_id="test_y", grade=True, solution=False, points="2")),
+     "points"),
+    (lambda nb: nb.cells.append(_cell("code", "1", grade_id="test_h", grade=True, solution=False, points=1)),
+     "repeated"),
+    (lambda nb: nb.cells.insert(5, _cell("code", "x = 1", grade_id="x", solution=True, grade=False)),
+     "defines no function"),
+])
+def test_exercises_refuse_inconsistent_metadata(change, message):
+    nb = _toy_notebook()
+    change(nb)
+    with pytest.raises(ValueError, match=message):
+        exercises(nb)
+
+
+def test_exercises_refuse_what_is_not_a_notebook():
+    with pytest.raises(TypeError):
+        exercises({"cells": "no"})
+    with pytest.raises(ValueError, match="no exercise"):
+        points_table(nbformat.v4.new_notebook(cells=[_cell("markdown", "# nothing graded")]))
+
+
+# -- the labs' statements of their exercises and points -----------------------------------------
+@pytest.mark.parametrize("kind", ["solution", "release"])
+@pytest.mark.parametrize("lab", LABS)
+def test_the_first_cell_states_the_exercises_and_points_of_the_metadata(lab, kind):
+    nb = _notebook(kind, lab)
+    assert points_table(nb) in nb.cells[0].source, (
+        f"the first cell of {kind} {lab} must show this table of its exercises (from the graded cells' "
+        f"metadata); paste it in place of the old one:\n\n{points_table(nb)}")
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_the_exercises_agree_with_the_grader_and_the_contracts(lab):
+    """Independent readers of the same notebook: the sample builder's points per test and the lab's
+    CONTRACTS (which functions each graded test checks)."""
+    found = exercises(_notebook("solution", lab))
+    points = points_per_test(lab)
+    assert [t for ex in found for t in ex.tests] == list(points)
+    for ex in found:
+        assert ex.points == sum(points[t] for t in ex.tests)
+    contracts = {c.test: c for c in tables(lab).CONTRACTS}
+    for ex in found:
+        for test in ex.tests:
+            assert set(contracts[test].functions) <= set(ex.functions), (
+                f"{test} checks {contracts[test].functions}, which exercise {ex.number} ({ex.cell}) does not define")
+
+
+_STATEMENT = re.compile(r"\*\*Exercise (\d+) \(([^)]*?) points?\)\.\*\*")
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_each_exercise_statement_gives_its_number_and_points(lab):
+    """"**Exercise N (P points).**" (or "(1 + 1 points)") in the markdown above each solution cell."""
+    nb = _notebook("solution", lab)
+    found = {ex.cell: ex for ex in exercises(nb)}
+    statements = []
+    for i, cell in enumerate(nb.cells):
+        if _meta(cell).get("solution"):
+            above = next(c for c in reversed(nb.cells[:i]) if c.cell_type == "markdown")
+            match = _STATEMENT.search(above.source)
+            assert match, (f"{lab}: no '**Exercise N (P points).**' in the markdown above solution cell "
+                           f"{_meta(cell)['grade_id']}")
+            stated = sum(float(p) for p in match.group(2).split("+"))
+            ex = found[_meta(cell)["grade_id"]]
+            assert (int(match.group(1)), stated) == (ex.number, ex.points), (
+                f"{lab}: the statement says exercise {match.group(1)} with {match.group(2)} points; the metadata "
+                f"says exercise {ex.number} with {ex.points}")
+            statements.append(int(match.group(1)))
+    assert statements == list(range(1, len(found) + 1))
+
+
+# -- cells that need an exercise say so on their first line -------------------------------------
+def _requires_call(tree: ast.Module):
+    """The names of a leading ``requires("a", "b")`` statement, or None."""
+    first = tree.body[0] if tree.body else None
+    if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Call)
+            and isinstance(first.value.func, ast.Name) and first.value.func.id == "requires"):
+        return [a.value for a in first.value.args]
+    return None
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_a_cell_that_uses_a_learner_function_requires_it_first(lab):
+    nb = _notebook("solution", lab)
+    learner = {f for ex in exercises(nb) for f in ex.functions}
+    checked = 0
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or _meta(cell):
+            continue
+        tree = ast.parse(cell.source)
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} & learner
+        named = _requires_call(tree)
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "requires"]
+        assert len(calls) == (named is not None), f"{lab} cell {i}: requires(...) must be the cell's first line"
+        if named is None:
+            assert not used, (f"{lab} cell {i} uses {sorted(used)}: start it with "
+                              f"requires({', '.join(map(repr, sorted(used)))})")
+            continue
+        checked += 1
+        assert set(named) <= learner, f"{lab} cell {i}: requires({named}) names what no exercise defines"
+        assert used <= set(named), f"{lab} cell {i} uses {sorted(used - set(named))} without requiring it"
+    assert checked, f"{lab}: no cell requires an exercise"
+
+
+# -- requires() and the stub test on the labs' own cells ---------------------------------------
+def _defined(source: str) -> dict:
+    namespace: dict = {"torch": torch, "__name__": "cell"}
+    tree = ast.parse(source)
+    exec(compile(ast.Module([n for n in tree.body if not isinstance(n, (ast.Import, ast.ImportFrom))], []),
+                 "<cell>", "exec"), namespace)
+    return {n.name: namespace[n.name] for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_release_stub_is_unsolved_and_every_solution_is_not(lab):
+    stubs = {_meta(c)["grade_id"]: c.source for c in _notebook("release", lab).cells if _meta(c).get("solution")}
+    solved = {_meta(c)["grade_id"]: c.source for c in _notebook("solution", lab).cells if _meta(c).get("solution")}
+    assert stubs.keys() == solved.keys()
+    for cell in stubs:
+        assert "raise NotImplementedError()" in stubs[cell]
+        for name, function in _defined(stubs[cell]).items():
+            assert is_unsolved_stub(function), f"{lab}: the release's {name} is not seen as unsolved"
+            with pytest.raises(NotImplementedError):    # and it really is: a call raises
+                _call_with_nones(function)
+        for name, function in _defined(solved[cell]).items():
+            assert not is_unsolved_stub(function), f"{lab}: the solution's {name} is seen as unsolved"
+
+
+def _call_with_nones(function):
+    """Call FUNCTION with None for every parameter that has no default."""
+    args, kwargs = [], {}
+    for p in inspect.signature(inspect.unwrap(function)).parameters.values():
+        if p.default is p.empty and p.kind is p.KEYWORD_ONLY:
+            kwargs[p.name] = None
+        elif p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            args.append(None)
+    return function(*args, **kwargs)
+
+
+def _stub(name: str, decorator: str = ""):
+    return _defined(f"{decorator}def {name}(a, b=1):\n    \"\"\"doc\"\"\"\n{STUB}\n")[name]
+
+
+def test_requires_passes_solved_functions_and_costs_no_call():
+    calls = []
+    namespace = {"f": lambda *a: calls.append(a), "g": len}
+    assert requires("f", "g", namespace=namespace) is None
+    assert calls == []
+
+
+def test_requires_names_unsolved_and_missing_functions():
+    namespace = {"solved": lambda: 1, "todo": _stub("todo"), "later": _stub("later", "@torch.no_grad()\n")}
+    with pytest.raises(ExerciseNeeded) as caught:
+        requires("solved", "todo", "later", "gone", namespace=namespace)
+    error = caught.value
+    assert (error.unsolved, error.missing) == (("todo", "later"), ("gone",))
+    message = str(error)
+    for part in ("`todo` and `later` are not written yet (they still raise NotImplementedError)",
+                 "`gone` is not defined yet", "rerun this cell"):
+        assert part in message, message
+    single = r"your `todo`, which is not written yet \(it still raises NotImplementedError\)"
+    with pytest.raises(ExerciseNeeded, match=single):
+        requires("todo", namespace=namespace)
+
+
+def test_requires_reads_the_callers_globals_by_default():
+    namespace = {"requires": requires, "todo": _stub("todo")}
+    code = compile("requires('todo')", "<notebook cell>", "exec")
+    with pytest.raises(ExerciseNeeded, match="`todo`"):
+        exec(code, namespace)
+    namespace["todo"] = _defined("def todo(a):\n    return a\n")["todo"]
+    exec(code, namespace)
+
+
+def test_a_partly_written_function_is_not_a_stub():
+    partly = _defined(textwrap.dedent("""
+        def partly(x):
+            if x:
+                return abs(x)
+            raise NotImplementedError()
+        """))["partly"]
+    assert not is_unsolved_stub(partly)
+    assert not is_unsolved_stub(len) and not is_unsolved_stub(object())
+
+
+@pytest.mark.parametrize("bad, error", [((), ValueError), ((3,), TypeError), (("not a name",), ValueError)])
+def test_requires_refuses_bad_names(bad, error):
+    with pytest.raises(error):
+        requires(*bad, namespace={})
