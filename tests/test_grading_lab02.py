@@ -20,6 +20,35 @@ def test_attention_writing_slot_zero_is_named():
         lab02.check_attention_step(attend, seed=0)
 
 
+def _sdpa_step(mask):
+    """A cached attention step written with PyTorch's fused attention; MASK(T, S, start) gives its
+    keyword arguments."""
+    def attend(q, k_new, v_new, k_cache, v_cache, start):
+        T = q.shape[-2]
+        k_cache[:, :, start:start + T], v_cache[:, :, start:start + T] = k_new, v_new
+        group = q.shape[1] // k_cache.shape[1]
+        k = k_cache[:, :, :start + T].repeat_interleave(group, dim=1)
+        v = v_cache[:, :, :start + T].repeat_interleave(group, dim=1)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, **mask(T, start + T, start))
+    return attend
+
+
+def test_a_causal_mask_aligned_top_left_is_named():
+    """is_causal=True aligns the mask to the top-left corner (query i sees keys 0..i) whatever the
+    cache holds; the mask the diagnosis suggests (key position <= start + query position) passes."""
+    top_left = _sdpa_step(lambda T, S, start: {"is_causal": True})
+    for seed in (0, 1, 2, 3):
+        with pytest.raises(ContractError, match=r"(?s)Diagnosis:.*causal mask aligned top-left.*attn_mask"):
+            lab02.check_attention_step(top_left, seed=seed)
+    aligned = _sdpa_step(lambda T, S, start: {"attn_mask": torch.arange(S)[None, :] <= torch.arange(T)[:, None]
+                                                           + start})
+    lab02.check_attention_step(aligned, seed=0, cases=8)
+    # a step with no mask at all is a different fault, and named as such
+    with pytest.raises(ContractError, match="no causal mask") as caught:
+        lab02.check_attention_step(_sdpa_step(lambda T, S, start: {}), seed=0)
+    assert "top-left" not in str(caught.value)
+
+
 def test_rope_faults_are_named():
     with pytest.raises(ContractError, match="off by one"):
         lab02.check_apply_rope(lambda x, p, t: ref.apply_rope(x, p + 1, t), seed=1)

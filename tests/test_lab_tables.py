@@ -11,6 +11,7 @@ import solutions
 from course_grader import judge
 from course_grader.samples import labs, tables  # every lab with a source notebook, and its labNN module
 from course_lib.grading import ContractError
+from course_lib.grading.tables import Contract, check_tables, resolve_reference
 
 LABS = labs()
 SEEDS = (0, 1, 2)
@@ -84,3 +85,36 @@ def test_fault_edits_apply_to_the_solution(lab):
     module = tables(lab)
     for fault in module.FAULTS:
         solutions.solution_namespace(lab, fault.edits)   # each edit matches exactly once and runs
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_declared_reference_is_a_library_function(lab):
+    """Each contract's ``references`` resolve (check_tables refuses the lab otherwise) to course_lib
+    functions, methods or properties; every lab names the reference of at least one exercise."""
+    module = tables(lab)
+    check_tables(module.CONTRACTS, module.FAULTS)
+    declared = [ref for contract in module.CONTRACTS for ref in contract.references]
+    assert declared, f"{lab} declares no reference for any exercise"
+    for ref in declared:
+        obj = resolve_reference(ref)
+        assert callable(obj) or isinstance(obj, property), ref
+        assert ref.startswith("course_lib.") and not ref.startswith("course_lib.grading"), ref
+
+
+def test_check_tables_refuses_a_reference_that_does_not_resolve():
+    from course_lib.grading.lab01 import check_prefill_time
+
+    good = Contract("test_prefill_time", check_prefill_time, ("prefill_time",),
+                    references=("course_lib.roofline.prefill_time",))
+    check_tables((good,), ())
+    for bad, why in (("course_lib.roofline.no_such_function", "does not resolve"),
+                     ("course_lib.no_such_module.f", "does not resolve"),
+                     ("course_lib.roofline.DEFAULT_BATCHES", "not a function")):
+        with pytest.raises(ValueError, match=why):
+            check_tables((Contract("test_prefill_time", check_prefill_time, ("prefill_time",), references=(bad,)),), ())
+    for malformed in ("course_lib", "os.path.join", "course_lib.__main__.main"):
+        with pytest.raises((TypeError, LookupError)):
+            Contract("test_prefill_time", check_prefill_time, ("prefill_time",), references=(malformed,))
+            resolve_reference(malformed)
+    with pytest.raises(TypeError):
+        Contract("test_prefill_time", check_prefill_time, ("prefill_time",), references="course_lib.roofline.prefill_time")

@@ -14,19 +14,136 @@ and shape before any comparison, so an object whose ``==`` always returns True f
 
 Shared by the labs' checkers as well: ``close`` (relative closeness of two numbers),
 ``attempts`` (a bounded rejection-sampling loop for drawing cases) and ``diagnose`` /
-``named_faults`` (the "Diagnosis:" line naming the known faults a wrong result equals).
+``named_faults`` / ``with_diagnosis`` (the "Diagnosis:" line naming the known faults a wrong
+result equals).
+
+A ``ContractError`` shows itself in Jupyter without the checker's traceback: the contract, the
+case, what differed and the diagnosis first, then the learner's own cell line
+(``ContractError._render_traceback_``).
 """
 from __future__ import annotations
 
+import linecache
 import math
 import os
+import sys
+from types import TracebackType
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
 
 class ContractError(AssertionError):
-    """A learner result broke a contract; the message explains how."""
+    """A learner result broke a contract; the message explains how.
+
+    The message has up to four parts, kept apart so that each place that shows it can order them:
+
+    - ``what``: the contract and the case on the first line (the learner's function or the
+      quantity, the case's drawn inputs, what differed: ``kv_bytes_per_token(case 0: L 66, ...):
+      expected 135,168 = ..., got 67,584``), then any lines showing the values that differed
+      (the expected and the learner's plan, the reference's terms);
+    - ``diagnosis``: the "Diagnosis:" lines naming the known fault(s) the result equals
+      (``named_faults``, ``with_diagnosis``), or "";
+    - ``caveat``: the line that says a diagnosis is likely, not certain (``LIKELY``), or "";
+    - ``hint``: another reading of the wrong value the contract computes itself (``check_bytes``:
+      the single formula terms that would give the learner's number), or "".
+
+    ``str(err)`` is the record the grader keeps: the first line of ``what`` (followed by
+    ``"; " + hint`` when no diagnosis was found), the rest of ``what``, the diagnosis, the caveat.
+    The lab tables' symptom regexes search it, and the judge's redaction of a hidden check keeps
+    its first line and its Diagnosis lines (``course_grader.judge.redact``), so lines that show
+    drawn inputs or reference values never come after the diagnosis. A diagnosed error leaves
+    the hint out of ``str(err)``: the diagnosis is the explanation.
+
+    ``_render_traceback_`` is how IPython and Jupyter show it (see there).
+    """
+
+    def __init__(self, what: str, *, diagnosis: str = "", caveat: str = "", hint: str = "") -> None:
+        self.what, self.diagnosis, self.caveat, self.hint = str(what), str(diagnosis), str(caveat), str(hint)
+        first, newline, rest = self.what.partition("\n")
+        if self.hint and not self.diagnosis:
+            first = f"{first}; {self.hint}"
+        super().__init__("\n".join(part for part in (first + newline + rest, self.diagnosis, self.caveat) if part))
+
+    def __reduce__(self):
+        return _rebuild_contract_error, (self.what, self.diagnosis, self.caveat, self.hint)
+
+    def summary_lines(self) -> list[str]:
+        """The message in the order a learner reads it: the contract and the case (the first line
+        of ``what``), the values that differed (its other lines), the diagnosis and its caveat,
+        then the hint (right after the values when there is no diagnosis)."""
+        hint = self.hint[:1].upper() + self.hint[1:]
+        return [line for part in (self.what, self.diagnosis, self.caveat, hint) for line in part.split("\n") if line]
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython's hook for showing this error (``InteractiveShell.showtraceback`` calls it instead
+        of formatting the traceback; ipykernel sends the list as the error output's traceback).
+
+        Returns two strings: ``"ContractError: "`` + ``summary_lines()`` joined by newlines (no
+        frame of the checker, no source line of course_lib, no list of the faults it tries); then,
+        when the error came from a checker called by the learner's code, that call: its cell and
+        line, the checker whose docstring states the contract, and the call's line with up to two
+        lines either side (IPython's own layout, ``----> N`` marking the line). nbgrader's feedback
+        redaction (``course_grader.preprocessors.RedactHiddenTracebacks``) relies on that layout:
+        it finds a hidden test's markers around the marked line and replaces the first string by
+        the redacted message.
+
+        Never raises: IPython shows no error at all when this hook fails, and a graded cell
+        without an error output would count as passed, so any failure falls back to one line.
+        """
+        name = type(self).__name__
+        try:
+            shown = [f"{name}: " + "\n".join(self.summary_lines())]
+            call = _learner_call(self.__traceback__)
+            return shown + ([call] if call else [])
+        except Exception:  # the fallback keeps the error visible whatever went wrong above
+            try:
+                return [f"{name}: {AssertionError.__str__(self)}"]
+            except Exception:
+                return [name]
+
+
+def _rebuild_contract_error(what: str, diagnosis: str, caveat: str, hint: str) -> ContractError:
+    """Unpickle a ContractError with its parts (``ContractError.__reduce__``)."""
+    return ContractError(what, diagnosis=diagnosis, caveat=caveat, hint=hint)
+
+
+#: Lines of the learner's code shown either side of the call that failed (IPython's default). nbgrader's
+#: feedback finds a hidden test's BEGIN marker among them, so fewer would show a hidden check's message.
+CALL_CONTEXT = 2
+
+
+def _learner_call(tb: TracebackType | None) -> str:
+    """The learner's call into the grading package on traceback TB, laid out like an IPython
+    frame; "" when there is none (no traceback, or one that starts inside the package)."""
+    entries = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    package = __name__.rpartition(".")[0]                     # course_lib.grading
+    modules = [str(e.tb_frame.f_globals.get("__name__", "")) for e in entries]
+    inside = next((i for i, m in enumerate(modules) if m == package or m.startswith(package + ".")), None)
+    if inside is None:                                        # raised outside the checkers: its own line
+        caller, checker = (entries[-1] if entries else None), ""
+    else:
+        caller = entries[inside - 1] if inside > 0 else None
+        checker = f"{modules[inside].rpartition('.')[2]}.{entries[inside].tb_frame.f_code.co_name}"
+    if caller is None:
+        return ""
+    filename, lineno = caller.tb_frame.f_code.co_filename, caller.tb_lineno
+    try:                                                      # IPython names a cell "Cell In[12]"
+        shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+        label = shell.compile.format_code_name(filename) if shell is not None else None
+    except Exception:                                         # another shell, or none: the file name
+        label = None
+    where = " ".join(label) if label else f"File {filename}"
+    head = f"{where}, line {lineno}" + (f" (help({checker}) states the contract)" if checker else "")
+    numbers = [n for n in range(max(1, lineno - CALL_CONTEXT), lineno + CALL_CONTEXT + 1)
+               if n == lineno or linecache.getline(filename, n)]
+    width = len(str(numbers[-1]))
+    body = [f"{'---->' if n == lineno else '     '} {n:>{width}} {linecache.getline(filename, n).rstrip()}"
+            for n in numbers]
+    return "\n".join([head] + body)
 
 
 #: Default (atol, rtol) for logit comparisons, by dtype of the compared tensors.
@@ -160,17 +277,26 @@ LIKELY = ("(a likely cause, not a certainty: a different bug can give the same r
           "check your code against the named fault)")
 
 
+def with_diagnosis(err: ContractError | str, diagnosis: str, *, likely: bool = True) -> ContractError:
+    """``err`` (a message or a ContractError) with ``"Diagnosis: " + diagnosis`` and, when
+    ``likely`` (the default: a match on these inputs does not prove the cause), the caveat ``LIKELY``.
+    Pass ``likely=False`` only when the checker's evidence rules the other causes out. A diagnosis
+    ``err`` already had is replaced; its contract, case and hint are kept."""
+    base = err if isinstance(err, ContractError) else ContractError(err)
+    return ContractError(base.what, diagnosis=f"Diagnosis: {diagnosis}", caveat=LIKELY if likely else "",
+                         hint=base.hint)
+
+
 def named_faults(err: ContractError | str, matches: Sequence[str]) -> ContractError:
     """``err`` (a message or a ContractError) with a "Diagnosis:" naming the known faults in
     ``matches`` (several when they coincide on these inputs), or unchanged when there is none."""
     if not matches:
         return err if isinstance(err, ContractError) else ContractError(err)
     if len(matches) == 1:
-        return ContractError(f"{err}\nDiagnosis: your result equals the reference with this fault: {matches[0]}"
-                             f"\n{LIKELY}")
+        return with_diagnosis(err, f"your result equals the reference with this fault: {matches[0]}")
     listed = "".join(f"\n  - {m}" for m in matches)
-    return ContractError(f"{err}\nDiagnosis: your result equals the reference with any of these faults "
-                         f"(on these inputs they coincide):{listed}\n{LIKELY}")
+    return with_diagnosis(err, f"your result equals the reference with any of these faults "
+                               f"(on these inputs they coincide):{listed}")
 
 
 def diagnose(err: ContractError | str, got: Any, variants: Mapping[str, Callable[[], Any]],
@@ -317,8 +443,9 @@ def check_bytes(actual, terms: Mapping[str, int], *, what: str = "bytes") -> int
         The expected count (== actual).
 
     Raises:
-        ContractError: showing both numbers and every single term that, with another
-            integer value, would give the learner's number (e.g. "K and V = 1 instead of 2").
+        ContractError: showing both numbers, the formula, and (as its ``hint``) every single
+            term that, with another integer value, would give the learner's number (e.g. "'K and V'
+            = 1 instead of 2"); the ratio got/expected when no single term does.
     """
     got = check_int(what, actual)
     expected = math.prod(terms.values())
@@ -330,6 +457,6 @@ def check_bytes(actual, terms: Mapping[str, int], *, what: str = "bytes") -> int
         rest = expected // value if value else 0
         if rest and got % rest == 0 and got // rest > 0:
             hints.append(f"'{name}' = {got // rest} instead of {value}")
-    hint = ("; your number is what the formula gives with " + " or ".join(hints)) if hints else \
-        f"; ratio got/expected = {got / expected:.6g}" if expected else ""
-    raise ContractError(f"{what}: expected {expected:,} = {formula}, got {got:,}{hint}")
+    ratio = f"; ratio got/expected = {got / expected:.6g}" if expected and not hints else ""
+    raise ContractError(f"{what}: expected {expected:,} = {formula}, got {got:,}{ratio}",
+                        hint=("your number is what the formula gives with " + " or ".join(hints)) if hints else "")

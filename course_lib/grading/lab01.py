@@ -51,8 +51,9 @@ def random_config(rng: random.Random, tied: bool | None = None, gqa: bool = True
     """A Llama-shaped config with sizes drawn from ``rng``: 1-96 layers, 2-64 query heads of
     32-256, KV heads a proper divisor of the query heads when ``gqa`` (so query heads != KV
     heads), SwiGLU width 1-4x the model width, vocab 1,000-260,000. ``square``: True makes
-    d_model = n_heads * head_dim (what the attention FLOPs 4*L*d*t assume); False makes
-    them differ (so q/o sized d x d is caught); None draws True 80 % of the time."""
+    d_model = n_heads * head_dim (so attention FLOPs counted with d_model or with
+    n_heads * head_dim agree); False makes them differ (so q/o sized d x d is caught); None
+    draws True 80 % of the time."""
     head_dim = rng.choice([32, 64, 64, 128, 128, 256])
     n_heads = rng.choice([2, 4, 6, 8, 12, 16, 24, 32, 48, 64])
     if square is None:
@@ -68,6 +69,19 @@ def random_config(rng: random.Random, tied: bool | None = None, gqa: bool = True
                        d_ff=64 * rng.randint(max(1, d_model // 64), 4 * max(1, d_model // 64)),
                        vocab_size=rng.randint(1000, 260_000),
                        tie_embeddings=rng.random() < 0.5 if tied is None else tied)
+
+
+def wide_heads_config(rng: random.Random) -> ModelConfig:
+    """A config whose query heads are twice the model width (n_heads * head_dim = 2 * d_model, as in
+    Qwen3-0.6B): 8-48 layers, 16 or 32 heads of 64 or 128, a small vocabulary (1,000-4,000) so the
+    attention projections are a large share of N_matmul. An attention term counted with d_model
+    and W_q/W_o sized d x d are then both off by a share no rounding hides."""
+    n_heads, head_dim = rng.choice([16, 32]), rng.choice([64, 128])
+    d_model = n_heads * head_dim // 2
+    return ModelConfig(n_layers=rng.randint(8, 48), d_model=d_model, n_heads=n_heads,
+                       n_kv_heads=rng.choice([k for k in (1, 2, 4, 8) if n_heads % k == 0]), head_dim=head_dim,
+                       d_ff=64 * rng.randint(d_model // 64, 4 * d_model // 64), vocab_size=rng.randint(1000, 4000),
+                       tie_embeddings=rng.random() < 0.5)
 
 
 def random_device(rng: random.Random) -> Device:
@@ -176,34 +190,51 @@ def check_kv_bytes_per_token(fn: Callable, seed: int = 0, cases: int = 6) -> Non
             }, _same_int) from None
 
 
+#: The diagnosis of an attention term counted with the model width d instead of the query heads' n_h*d_h.
+ATTENTION_WITH_D_MODEL = ("attention counted with d_model (the model width) instead of the query heads' width "
+                          "n_heads*head_dim")
+#: The diagnosis of an N_matmul whose W_q and W_o are d x d instead of d x n_h*d_h.
+Q_AND_O_D_BY_D = "N_matmul with W_q and W_o sized d x d instead of d x n_heads*head_dim"
+
+
+def _nmm_q_and_o_d_by_d(config: ModelConfig) -> int:
+    """N_matmul with W_q and W_o counted as d x d (the fault ``q_and_o_sized_d_by_d``)."""
+    return ref.n_matmul(config) + 2 * config.n_layers * config.d_model * (config.d_model - config.attention_width)
+
+
 # -- exercise 3: prefill time ------------------------------------------------------------------
 def check_prefill_time(fn: Callable, seed: int = 0, cases: int = 6) -> None:
-    """Contract: fn(config, device, tokens, mfu) equals (2*N_matmul*t + 2*L*d*t^2) / (mfu * peak_flops)
-    in seconds, to 4 significant figures (``docs/roofline.md#prefill-time``). Configs have
-    d = n_heads * head_dim, the case the simplified attention term assumes (so 4*L*d*t and
-    4*L*n_h*d_h*t agree)."""
+    """Contract: fn(config, device, tokens, mfu) equals (2*N_matmul*t + 2*L*n_h*d_h*t^2) / (mfu * peak_flops)
+    in seconds, to 4 significant figures (``docs/roofline.md#prefill-time``). Case 1 has query
+    heads twice the model width (``wide_heads_config``) and 256-512 tokens, so an attention term
+    written with the model width d, or W_q and W_o sized d x d, fails; the other cases are mostly
+    square."""
     check_own_function("prefill_time", fn)
     rng = random.Random(seed)
     for case in range(cases):
-        config = random_config(rng, tied=False if case == 0 else None, square=True)
+        config = wide_heads_config(rng) if case == 1 else random_config(rng, tied=False if case == 0 else None)
         device = random_device(rng)
         tokens, mfu = rng.randint(1, 32768), rng.choice([0.3, 0.4, 0.5, 0.6, 0.75])
         if case == 0:  # short enough that the weight term (2*N_matmul*t) is not swamped by attention
             tokens = rng.randint(1, 512)
+        if case == 1:  # both terms a visible share: the attention width and N_matmul both count
+            tokens = rng.randint(256, 512)
         what = f"prefill_time(case {case}: {_describe(config)}; {_device_text(device)}; {tokens} tokens, mfu {mfu})"
         got = fn(config, device, tokens, mfu)
         expected = ref.prefill_time(config, device, tokens, mfu)
         try:
             check_significant(got, expected, figures=FIGURES, what=what)
         except ContractError as err:
-            L, d, t, peak = config.n_layers, config.d_model, tokens, device.peak_flops
+            L, d, t, peak = config.n_layers, config.attention_width, tokens, device.peak_flops
             nmm, n_all = ref.n_matmul(config), config.parameters()
             raise diagnose(err, check_real(what, got), {
                 "MFU left out (divided by the peak, not mfu * peak)": lambda: expected * mfu,
                 "multiplied by MFU instead of dividing": lambda: expected * mfu * mfu,
-                "attention term 4*L*d*t^2 (the per-token 4*L*d*t summed without halving)":
+                "attention term 4*L*n_h*d_h*t^2 (the per-token 4*L*n_h*d_h*t summed without halving)":
                     lambda: (2 * nmm * t + 4 * L * d * t * t) / (mfu * peak),
                 "attention term left out": lambda: 2 * nmm * t / (mfu * peak),
+                ATTENTION_WITH_D_MODEL: lambda: (2 * nmm * t + 2 * L * config.d_model * t * t) / (mfu * peak),
+                Q_AND_O_D_BY_D: lambda: (2 * _nmm_q_and_o_d_by_d(config) * t + 2 * L * d * t * t) / (mfu * peak),
                 "N (all parameters) used instead of N_matmul":
                     lambda: (2 * n_all * t + 2 * L * d * t * t) / (mfu * peak),
                 "one FLOP per weight instead of two (a multiply-add is 2 FLOPs)":
@@ -219,13 +250,15 @@ def check_decode_step_bound(fn: Callable, seed: int = 0, cases: int = 8) -> None
     ``roofline.step_time`` of the step's bytes and FLOPs in seconds, to 4 significant figures
     (``docs/roofline.md#decode-step-bound``): max(memory, compute) with
     memory = (weight_bytes + batch * kv_per_token * context) / bandwidth and
-    compute = (2*N_matmul*batch + 4*L*d*batch*context) / peak_flops. Half the cases put the two
-    terms within a factor 3 of each other, where the max and the sum differ most."""
+    compute = (2*N_matmul*batch + 4*L*n_h*d_h*batch*context) / peak_flops. Case 1 is
+    compute-bound on a ``wide_heads_config`` with attention 20-80 % of the FLOPs, as in
+    ``check_prefill_time``. Half the other cases put the two terms within a
+    factor 3 of each other, where the max and the sum differ most."""
     check_own_function("decode_step_bound", fn)
     rng = random.Random(seed)
     for case in range(cases):
         for _ in attempts("Lab 1"):
-            config = random_config(rng, tied=False if case == 0 else None, square=True)
+            config = wide_heads_config(rng) if case == 1 else random_config(rng, tied=False if case == 0 else None)
             device = random_device(rng)
             sizes = dict(batch=rng.randint(1, 1024), context=rng.randint(1, 32768),
                          weight_bytes=ref.n_matmul(config) * rng.choice([0.5, 1, 2]),
@@ -234,7 +267,15 @@ def check_decode_step_bound(fn: Callable, seed: int = 0, cases: int = 8) -> None
             balanced = max(bound.memory_s, bound.compute_s) <= 3 * min(bound.memory_s, bound.compute_s)
             # case 0: compute-bound with a weight term large enough that an N_matmul error shows
             head_share = 2 * config.vocab_size * config.d_model * sizes["batch"] / bound.flops
-            if (bound.binding == "compute" and head_share > 0.01) if case == 0 else (balanced or case % 2):
+            attention_share = 4 * config.n_layers * config.attention_width * sizes["batch"] * sizes["context"] \
+                / bound.flops
+            if case == 0:
+                fits = bound.binding == "compute" and head_share > 0.01
+            elif case == 1:
+                fits = bound.binding == "compute" and 0.2 <= attention_share <= 0.8
+            else:
+                fits = balanced or case % 2
+            if fits:
                 break
         batch, context, weight_bytes = sizes["batch"], sizes["context"], sizes["weight_bytes"]
         what = (f"decode_step_bound(case {case}: {_describe(config)}; {_device_text(device)}; batch {batch}, "
@@ -269,6 +310,10 @@ def check_decode_step_bound(fn: Callable, seed: int = 0, cases: int = 8) -> None
                 "N (all parameters, with the untied input embedding) used instead of N_matmul in the compute term":
                     lambda: step(flops=flops + 2 * batch * (config.parameters() - ref.n_matmul(config))),
                 "the KV read not multiplied by the batch": lambda: step(bytes_moved=weight_bytes + kv * context),
+                ATTENTION_WITH_D_MODEL: lambda: step(flops=flops + 4 * config.n_layers * batch * context
+                                                     * (config.d_model - config.attention_width)),
+                Q_AND_O_D_BY_D: lambda: step(flops=flops + 2 * batch * (_nmm_q_and_o_d_by_d(config)
+                                                                        - ref.n_matmul(config))),
                 "only the memory time (the compute term is missing)": lambda: bound.memory_s,
                 "only the compute time (the memory term is missing)": lambda: bound.compute_s,
             }, _same_figures) from None
@@ -383,13 +428,22 @@ def check_requests_that_fit(fn: Callable, seed: int = 0, cases: int = 6) -> None
 
 # -- the lab's declared tables (see tables.py) -------------------------------------------------
 CONTRACTS = (
-    Contract("test_count_parameters", check_parameter_count, ("count_parameters",)),
-    Contract("test_kv_bytes_per_token", check_kv_bytes_per_token, ("kv_bytes_per_token",)),
-    Contract("test_prefill_time", check_prefill_time, ("prefill_time",)),
-    Contract("test_decode_step_bound", check_decode_step_bound, ("decode_step_bound",)),
-    Contract("test_gemv_intensity", check_gemv_intensity, ("gemv_intensity",)),
-    Contract("test_gemm_intensity", check_gemm_intensity, ("gemm_intensity",)),
-    Contract("test_requests_that_fit", check_requests_that_fit, ("requests_that_fit",)),
+    Contract("test_count_parameters", check_parameter_count, ("count_parameters",),
+             references=("course_lib.roofline.n_matmul", "course_lib.models.config.ModelConfig.parameters")),
+    Contract("test_kv_bytes_per_token", check_kv_bytes_per_token, ("kv_bytes_per_token",),
+             references=("course_lib.roofline.kv_bytes_per_token",
+                         "course_lib.models.config.ModelConfig.kv_bytes_per_token")),
+    Contract("test_prefill_time", check_prefill_time, ("prefill_time",),
+             references=("course_lib.roofline.prefill_time", "course_lib.roofline.prefill_flops")),
+    Contract("test_decode_step_bound", check_decode_step_bound, ("decode_step_bound",),
+             references=("course_lib.roofline.decode_step_bound", "course_lib.roofline.decode_step",
+                         "course_lib.roofline.decode_step_flops")),
+    Contract("test_gemv_intensity", check_gemv_intensity, ("gemv_intensity",),
+             references=("course_lib.roofline.gemv_intensity",)),
+    Contract("test_gemm_intensity", check_gemm_intensity, ("gemm_intensity",),
+             references=("course_lib.roofline.gemm_intensity",)),
+    Contract("test_requests_that_fit", check_requests_that_fit, ("requests_that_fit",),
+             references=("course_lib.roofline.requests_that_fit",)),
 )
 
 # The notebook's functions call each other (prefill_time and decode_step_bound call
@@ -413,6 +467,13 @@ FAULTS = (
            "test_decode_step_bound": "query heads instead of KV heads",
            "test_requests_that_fit": "query heads instead of KV heads"},
           "sizes the KV cache with the query heads (ignores grouped-query attention)"),
+    Fault("attention_with_d_model",
+          (Edit("prefill_time", "config.n_layers * config.n_heads * config.head_dim * tokens ** 2",
+                "config.n_layers * config.d_model * tokens ** 2"),
+           Edit("decode_step_bound", "config.n_layers * config.n_heads * config.head_dim * batch * context",
+                "config.n_layers * config.d_model * batch * context")),
+          {"test_prefill_time": "attention counted with d_model", "test_decode_step_bound": "attention counted with d_model"},
+          "counts attention FLOPs with the model width d, wrong when d != n_heads * head_dim"),
     Fault("gib_for_gb",
           (Edit("requests_that_fit", "free = device.memory - weight_bytes - overhead_gb * 1e9",
                 "free = device.memory - weight_bytes - overhead_gb * 2**30"),),
@@ -430,7 +491,8 @@ FAULTS = (
     Fault("q_and_o_sized_d_by_d",
           (Edit("count_parameters", "attention = d * q_width + 2 * d * kv_width + q_width * d",
                 "attention = d * d + 2 * d * kv_width + d * d"),),
-          {"test_count_parameters": "W_q and W_o sized d x d"},
+          {"test_count_parameters": "W_q and W_o sized d x d", "test_prefill_time": "W_q and W_o sized d x d",
+           "test_decode_step_bound": "W_q and W_o sized d x d"},
           "sizes W_q and W_o as d x d, wrong when d != n_heads * head_dim"),
 )
 check_tables(CONTRACTS, FAULTS)

@@ -5,10 +5,12 @@ Each ``check_*`` takes the learner's *function*, builds its own inputs from a se
 and compares the result with a course_lib reference under a contract from
 ``contracts``. When a contract fails, the checker also tries the known faults of
 course Lab 2 (rotary position off by one, frozen position, position reset on
-append, misaligned KV-head repeat, cache never cropped) and names the one the learner's
-numbers match, so the message states the symptom, not just "wrong".
+append, misaligned KV-head repeat, a causal mask aligned top-left, cache never cropped) and
+names the one the learner's numbers match, so the message states the symptom, not just "wrong".
 """
 from __future__ import annotations
+
+import copy
 
 import random
 from typing import Callable
@@ -22,7 +24,7 @@ from ..models.config import ModelConfig, toy_config
 from ..models.decoder import Decoder, generate_full_recompute
 from ..models.rope import apply_rope
 from .contracts import (ContractError, check_bytes, check_close, check_int_list, check_logits_close,
-                        check_own_function, check_tensor, diagnose, first_divergence)
+                        check_own_function, check_tensor, diagnose, first_divergence, with_diagnosis)
 from .tables import Contract, Edit, Fault, Writes, check_tables
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -151,18 +153,35 @@ def check_attention_step(fn: Callable, seed: int = 0, cases: int = 4) -> None:
                 return causal_attention(q, kk, vv, start)
 
             def no_mask():
-                return _unmasked(q, ref_k[:, :, :start + T], ref_v[:, :, :start + T])
+                return _masked(q, ref_k[:, :, :start + T], ref_v[:, :, :start + T], None)
+
+            def top_left():
+                return _masked(q, ref_k[:, :, :start + T], ref_v[:, :, :start + T], 0) if start else None
             raise diagnose(err, out, {
                 "KV-head repeat misaligned: query head h read KV head h % n_kv instead of h // group "
                 "(torch.repeat where the grouping needs repeat_interleave)": misaligned,
                 "no causal mask inside the new block (query i also attended to later new keys)": no_mask,
+                "causal mask aligned top-left: new query i saw keys 0..i instead of 0..start+i, so most "
+                "cached keys were hidden from it (scaled_dot_product_attention(..., is_causal=True) aligns "
+                "its mask to the upper-left corner when there are more keys than queries; pass "
+                "attn_mask = (key position <= start + query position) instead)": top_left,
             }, _matches_within(1e-5)) from None
 
 
-def _unmasked(q, k, v):
+def _masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int | None) -> torch.Tensor:
+    """GQA attention of q (B, Hq, T, D) over k, v (B, Hkv, S, D), all float32, returning (B, Hq, T, D):
+    query i sees key j iff j <= offset + i, or every key when ``offset`` is None. ``offset`` S - T is
+    the causal mask of a cache step (aligned to the lower-right corner); 0 is the mask aligned to the
+    upper-left corner, which is what ``torch.nn.functional.scaled_dot_product_attention(...,
+    is_causal=True)`` applies when S > T (PyTorch's documentation of ``is_causal`` and of
+    ``torch.nn.attention.bias.CausalVariant.UPPER_LEFT``)."""
     group = q.shape[1] // k.shape[1]
     kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    return ((q @ kk.transpose(-1, -2)) / q.shape[-1] ** 0.5).softmax(-1) @ vv
+    scores = (q @ kk.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    if offset is not None:
+        T, S = q.shape[-2], k.shape[-2]
+        scores = scores.masked_fill(torch.arange(S)[None, :] > torch.arange(T)[:, None] + offset, float("-inf"))
+    return scores.softmax(-1) @ vv
 
 
 # -- cached generation --------------------------------------------------------------------------
@@ -215,12 +234,15 @@ def check_generation(fn: Callable, seed: int = 0, model: Decoder | None = None,
     model = model if model is not None else _hidden_model(seed)
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.config.vocab_size, (prompt_len,), generator=gen)
-    ref_tokens, ref_logits = generate_full_recompute(model, prompt, max_new_tokens)
+    # the learner's loop first (an unsolved exercise fails at once, not after the slow reference),
+    # the reference after it on a copy taken before, which the learner's call cannot have changed
+    pristine = copy.deepcopy(model)
     counter = _TokenCounter(model)
     try:
         result = fn(model, prompt.clone(), max_new_tokens)
     finally:
         counter.close()
+    ref_tokens, ref_logits = generate_full_recompute(pristine, prompt, max_new_tokens)
     if type(result) is not tuple or len(result) != 2:
         raise ContractError(f"generate must return a tuple (tokens, logits), got {type(result).__qualname__}")
     tokens = check_int_list("tokens", result[0])
@@ -238,11 +260,11 @@ def check_generation(fn: Callable, seed: int = 0, model: Decoder | None = None,
     except ContractError as err:
         raise diagnose(err, logits, {
             "rotary position off by one: decode tokens were fed position p + 1 instead of p":
-                lambda: _generate_with_decode_positions(model, prompt, max_new_tokens, lambda i, c, t0: c + 1),
+                lambda: _generate_with_decode_positions(pristine, prompt, max_new_tokens, lambda i, c, t0: c + 1),
             "frozen position: every decode token was fed the same position (the prompt length)":
-                lambda: _generate_with_decode_positions(model, prompt, max_new_tokens, lambda i, c, t0: t0),
+                lambda: _generate_with_decode_positions(pristine, prompt, max_new_tokens, lambda i, c, t0: t0),
             "position reset to 0 on each append: every decode token was fed position 0":
-                lambda: _generate_with_decode_positions(model, prompt, max_new_tokens, lambda i, c, t0: 0),
+                lambda: _generate_with_decode_positions(pristine, prompt, max_new_tokens, lambda i, c, t0: 0),
         }, _matches_within(1e-5)) from None
     limit = prompt_len + max_new_tokens
     if counter.count > limit:
@@ -365,10 +387,10 @@ def check_suffix_scores(fn: Callable, seed: int = 0, model: Decoder | None = Non
         except ContractError as err:
             uncropped = _uncropped_suffix_logits(model, prefix, suffixes)
             if i > 0 and all(_matches(u, x, atol) for u, x in zip(uncropped, got)):
-                raise ContractError(
-                    f"{err}\nDiagnosis: suffix 0 matches a cold forward but later suffixes also attend to the keys "
+                raise with_diagnosis(
+                    err, "suffix 0 matches a cold forward but later suffixes also attend to the keys "
                     "of earlier suffixes: the shared prefix cache was extended in place and never cropped back "
-                    "to the prefix (copy it, or crop it, before each suffix)") from None
+                    "to the prefix (copy it, or crop it, before each suffix)", likely=False) from None
             raise
     limit = prefix.numel() + sum(s.numel() for s in suffixes)
     if counter.count > limit:
@@ -442,8 +464,8 @@ def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: in
         try:
             read(b, "the fork", truth_b)
         except ContractError as err:
-            raise ContractError(f"{err}\nDiagnosis: the fork's copy-on-write did not carry over the filled slots "
-                                "of the shared block, or the fork's table points at the wrong blocks") from None
+            raise with_diagnosis(err, "the fork's copy-on-write did not carry over the filled slots of the shared "
+                                 "block, or the fork's table points at the wrong blocks", likely=False) from None
         full = P // bs
         if b.block_table[:full] != a_table[:full]:
             raise ContractError(f"{label}: the fork's full prefix blocks changed from {a_table[:full]} to "
@@ -466,15 +488,24 @@ def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: in
 _TOY = {"toy": ("course_lib.models.decoder", "toy_decoder", {"seed": 0})}  # what the set-up cell builds
 
 CONTRACTS = (
-    Contract("test_apply_rope", check_apply_rope, ("apply_rope",)),
+    Contract("test_apply_rope", check_apply_rope, ("apply_rope",),
+             references=("course_lib.models.rope.apply_rope", "course_lib.models.rope.rotate_pairs",
+                         "course_lib.models.rope.rope_cos_sin", "course_lib.models.rope.rope_angles")),
     Contract("test_attend_with_cache", check_attention_step, ("attend_with_cache",),
-             writes=Writes(args=(3, 4))),                                          # k_cache, v_cache
-    Contract("test_generate_with_cache", check_generation, ("generate_with_cache",), objects=_TOY),
-    Contract("test_kv_cache_bytes", check_kv_cache_bytes, ("kv_cache_bytes", "measured_kv_bytes")),
+             writes=Writes(args=(3, 4)),                                           # k_cache, v_cache
+             references=("course_lib.models.attention.attend_with_cache",
+                         "course_lib.models.attention.causal_attention")),
+    Contract("test_generate_with_cache", check_generation, ("generate_with_cache",), objects=_TOY,
+             references=("course_lib.models.decoder.generate_cached",)),
+    Contract("test_kv_cache_bytes", check_kv_cache_bytes, ("kv_cache_bytes", "measured_kv_bytes"),
+             references=("course_lib.models.config.ModelConfig.kv_bytes_per_token",
+                         "course_lib.roofline.kv_bytes_per_token",
+                         "course_lib.cache.contiguous.KVCache.filled_bytes")),
     Contract("test_first_divergence", check_first_divergence, ("first_divergence",)),
     Contract("test_score_suffixes", check_suffix_scores, ("score_suffixes",), objects=_TOY),
     Contract("test_paged", check_paged, ("paged_append", "paged_read"),
-             writes=Writes(types=(BlockPool, PagedSequence))),                      # pool, seq
+             writes=Writes(types=(BlockPool, PagedSequence)),                       # pool, seq
+             references=("course_lib.cache.paged.PagedKVCache.append", "course_lib.cache.paged.PagedKVCache.read")),
 )
 
 _NEXT_POSITION = "position = torch.tensor([cache.length])"
@@ -500,6 +531,15 @@ FAULTS = (
                 "    v = v_cache[:, :, :start + T].repeat(1, group, 1, 1)"),),
           {"test_attend_with_cache": "KV-head repeat misaligned"},
           "repeats KV heads round-robin (repeat) instead of in groups (repeat_interleave)"),
+    Fault("causal_mask_top_left",
+          (Edit("attend_with_cache",
+                "    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])                # (B, Hq, T, start+T)\n"
+                "    future = torch.arange(start + T)[None, :] > (torch.arange(T)[:, None] + start)\n"
+                "    return scores.masked_fill(future, float(\"-inf\")).softmax(dim=-1) @ v",
+                "    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)"),),
+          {"test_attend_with_cache": "causal mask aligned top-left"},
+          "masks with scaled_dot_product_attention(..., is_causal=True), whose mask is aligned top-left: "
+          "after a cache, new query i sees only keys 0..i"),
     Fault("cache_never_cropped",
           (Edit("score_suffixes", "max_len=P + max(s.numel() for s in suffixes)",
                 "max_len=P + sum(s.numel() for s in suffixes)"),

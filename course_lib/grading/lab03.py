@@ -30,6 +30,7 @@ the same function as ``course_lib.scheduling.iteration_time``, ``schedule_step``
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Callable
 
@@ -55,8 +56,9 @@ def tiny_deployment(kv_budget: float, *, bandwidth: float = 1000.0, peak_flops: 
     """A deployment with 1 byte of KV per token, so the KV budget is counted in positions, and
     small model constants, so iteration times are easy numbers: weights 1000 B at ``bandwidth``
     1000 B/s, ``peak_flops`` 1e4 FLOP/s used in full (mfu 1). ``model``: other ``Deployment``
-    fields (n_matmul, n_layers, d_model, kv_bytes_per_token, weight_bytes). Its device has just
-    the memory the weights and the budget take."""
+    fields (n_matmul, n_layers, d_model, attention_width, kv_bytes_per_token, weight_bytes;
+    attention_width defaults to d_model). Its device has just the memory the weights and the
+    budget take."""
     fields = dict(mfu=1.0, kv_budget=float(kv_budget), kv_bytes_per_token=1, n_matmul=1, n_layers=1, d_model=1,
                   weight_bytes=1000.0)
     fields.update(model)
@@ -79,9 +81,10 @@ def _time_variants(decodes, chunks, d: Deployment) -> dict[str, float]:
     tri = sum(k * (k + 1) // 2 for k, _ in chunks)
     kc = sum(k * c for k, c in chunks)
 
-    def t(positions=positions, attention=ctx_dec + kc + tri, context=ctx_dec + ctx_chunk, combine=None):
+    def t(positions=positions, attention=ctx_dec + kc + tri, context=ctx_dec + ctx_chunk, combine=None, deployment=d):
         if combine is None:   # the reference's roofline max, with a wrong term
-            return ref.iteration_seconds(positions=positions, attention=attention, context=context, deployment=d)
+            return ref.iteration_seconds(positions=positions, attention=attention, context=context,
+                                         deployment=deployment)
         bytes_moved, flops = ref.iteration_work(positions=positions, attention=attention, context=context,
                                                 deployment=d)
         return combine(bytes_moved / d.device.bandwidth, flops / d.usable_flops)
@@ -97,6 +100,8 @@ def _time_variants(decodes, chunks, d: Deployment) -> dict[str, float]:
         "decode contexts left out of the attention work": t(attention=kc + tri),
         "only the decodes counted as positions (chunk tokens missing from 2*N_matmul*positions)":
             t(positions=len(decodes)),
+        "attention counted with d_model instead of attention_width (the query heads' n_heads*head_dim)":
+            t(deployment=dataclasses.replace(d, attention_width=d.d_model)),
         "only the memory time": t(combine=lambda a, b: a),
         "only the compute time": t(combine=lambda a, b: b),
     }
@@ -105,8 +110,10 @@ def _time_variants(decodes, chunks, d: Deployment) -> dict[str, float]:
 def check_iteration_time(fn: Callable, seed: int = 0, cases: int = 6) -> None:
     """Contract: fn(decodes, chunks, deployment) equals the cost model of ``docs/scheduling.md#cost-model``
     within a relative 1e-9: max((weight_bytes + kv_bytes_per_token*(sum c_dec + sum c_chunk)) /
-    bandwidth, (2*N_matmul*positions + 4*L*d*attention) / (mfu * peak_flops)) with attention = sum c_dec +
-    sum(k*c + k(k+1)/2). Case 0 is the reference figure of 17 decodes at 5,000 plus a 512-token
+    bandwidth, (2*N_matmul*positions + 4*L*attention_width*attention) / (mfu * peak_flops)) with
+    attention = sum c_dec + sum(k*c + k(k+1)/2). Case 2 draws a tiny deployment whose
+    attention_width differs from its d_model, redrawn until that changes the time, so an attention
+    term written with d_model fails (the case model has both 4,096). Case 0 is the reference figure of 17 decodes at 5,000 plus a 512-token
     chunk after 2,000 cached positions (123.36 ms, compute-bound); case 1 is memory-bound with
     short chunks, one-position ones included, on long cached contexts; the rest are drawn from
     the seed."""
@@ -121,14 +128,22 @@ def check_iteration_time(fn: Callable, seed: int = 0, cases: int = 6) -> None:
             chunks = [(rng.randint(1, 8), rng.randint(4000, 8000))] + [
                 (1, rng.randint(3000, 6000)) for _ in range(rng.randint(1, 4))]   # decodes of a continuous batch
         else:
-            deployment = rng.choice(list(ref.PROFILES.values())).deployment if case % 2 else tiny_deployment(
-                rng.randint(100, 10_000), bandwidth=float(rng.randint(100, 5000)),
-                peak_flops=float(rng.randint(1000, 10**5)), n_matmul=rng.randint(1, 50), n_layers=rng.randint(1, 4),
-                d_model=rng.randint(1, 8))
-            big = deployment.n_matmul > 10**6
-            decodes = [rng.randint(0, 8000 if big else 300) for _ in range(rng.randint(0, 40 if big else 6))]
-            chunks = [(rng.randint(1, 512 if big else 40), rng.randint(0, 6000 if big else 200))
-                      for _ in range(rng.randint(0 if decodes else 1, 3))]
+            for _ in attempts("Lab 3"):
+                deployment = rng.choice(list(ref.PROFILES.values())).deployment if case % 2 else tiny_deployment(
+                    rng.randint(100, 10_000), bandwidth=float(rng.randint(100, 5000)),
+                    peak_flops=float(rng.randint(1000, 10**5)), n_matmul=rng.randint(1, 50),
+                    n_layers=rng.randint(1, 4), d_model=rng.randint(1, 8))
+                if case == 2:   # the query heads' width apart from the model width
+                    deployment = dataclasses.replace(deployment, attention_width=deployment.d_model + rng.randint(1, 8))
+                big = deployment.n_matmul > 10**6
+                decodes = [rng.randint(0, 8000 if big else 300) for _ in range(rng.randint(0, 40 if big else 6))]
+                chunks = [(rng.randint(1, 512 if big else 40), rng.randint(0, 6000 if big else 200))
+                          for _ in range(rng.randint(0 if decodes else 1, 3))]
+                # case 2 is redrawn until the attention width shows in the time (compute-bound, attention > 0)
+                square = dataclasses.replace(deployment, attention_width=deployment.d_model)
+                if case != 2 or not _close(ref.iteration_time(decodes, chunks, square),
+                                           ref.iteration_time(decodes, chunks, deployment)):
+                    break
         what = f"iteration_time(case {case}: {len(decodes)} decodes, chunks {chunks})"
         got = check_real(what, fn(list(decodes), [tuple(c) for c in chunks], deployment))
         expected = ref.iteration_time(decodes, chunks, deployment)
@@ -483,10 +498,16 @@ def check_find_capacity(fn: Callable, seed: int = 0, cases: int = 4) -> None:
 
 # -- the lab's declared tables (see tables.py) -------------------------------------------------
 CONTRACTS = (
-    Contract("test_iteration_time", check_iteration_time, ("iteration_time",)),
-    Contract("test_schedule_step", check_schedule_step, ("schedule_step",)),
-    Contract("test_serving_metrics", check_serving_metrics, ("serving_metrics",)),
-    Contract("test_find_capacity", check_find_capacity, ("find_capacity",)),
+    Contract("test_iteration_time", check_iteration_time, ("iteration_time",),
+             references=("course_lib.scheduling.cost.iteration_time", "course_lib.scheduling.cost.iteration_seconds",
+                         "course_lib.scheduling.cost.iteration_work")),
+    Contract("test_schedule_step", check_schedule_step, ("schedule_step",),
+             references=("course_lib.scheduling.step.chunked_step", "course_lib.scheduling.step.admit",
+                         "course_lib.scheduling.step.plan_chunks", "course_lib.scheduling.step.evictions")),
+    Contract("test_serving_metrics", check_serving_metrics, ("serving_metrics",),
+             references=("course_lib.scheduling.metrics.metrics",)),
+    Contract("test_find_capacity", check_find_capacity, ("find_capacity",),
+             references=("course_lib.scheduling.capacity_search.capacity",)),
 )
 
 FAULTS = (
@@ -494,6 +515,11 @@ FAULTS = (
           (Edit("iteration_time", "return max(memory_s, compute_s)", "return memory_s + compute_s"),),
           {"test_iteration_time": "added instead of taking the max"},
           "adds the memory and compute times of an iteration instead of taking the larger"),
+    Fault("attention_width_as_d_model",
+          (Edit("iteration_time", "4 * d.n_layers * d.attention_width * attention",
+                "4 * d.n_layers * d.d_model * attention"),),
+          {"test_iteration_time": "attention counted with d_model"},
+          "counts attention FLOPs with the model width instead of the query heads' n_heads * head_dim"),
     Fault("chunk_attention_without_kc",
           (Edit("iteration_time", "sum(k * c + k * (k + 1) // 2 for k, c in chunks)",
                 "sum(k * (k + 1) // 2 for k, c in chunks)"),),

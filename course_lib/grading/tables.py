@@ -18,18 +18,59 @@ and everything else is derived from them:
   notebook's points and each fault's ``fails``;
 * the checker tests (``tests/test_lab_tables.py``) run every contract on the solution cells of
   ``solutions/NN_name/NN_name.ipynb`` (it must pass) and on each fault (exactly the tests in
-  ``fails`` must fail, each with a message matching its symptom).
+  ``fails`` must fail, each with a message matching its symptom);
+* the grader's reference-reuse flag (``course_grader.provenance``) looks, for each test, for the
+  library functions its contract names in ``references``.
 
 Adding a fault to a lab is one ``Fault`` entry; ``make samples`` then writes its submission and
 its expected scores, and the tests check that the checkers catch it.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-__all__ = ["Contract", "Edit", "Fault", "Writes", "check_tables"]
+__all__ = ["Contract", "Edit", "Fault", "Writes", "check_tables", "resolve_reference"]
+
+_DOTTED = re.compile(r"course_lib(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def resolve_reference(path: str):
+    """The object the dotted name PATH (``course_lib.roofline.kv_bytes_per_token``,
+    ``course_lib.models.config.ModelConfig.parameters``) names: the longest prefix that is a
+    module is imported, the rest looked up as attributes. Only names inside ``course_lib`` are
+    resolved, and none with a ``__`` part (so no ``__main__`` is ever imported).
+
+    Raises: LookupError naming PATH when it is not such a name or names nothing."""
+    if type(path) is not str or not _DOTTED.fullmatch(path) or "__" in path:
+        raise LookupError(f"{path!r} is not a dotted name inside course_lib")
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        name = ".".join(parts[:i])
+        module = sys.modules.get(name)
+        if module is None:
+            try:
+                found = importlib.util.find_spec(name) is not None
+            except (ImportError, ValueError, AttributeError):
+                found = False
+            if not found:
+                continue
+            try:
+                module = importlib.import_module(name)
+            except Exception as exc:
+                raise LookupError(f"{path}: importing {name} failed: {type(exc).__name__}: {exc}") from None
+        obj = module
+        for attr in parts[i:]:
+            try:
+                obj = getattr(obj, attr)
+            except Exception:
+                raise LookupError(f"{path}: {name} has no attribute path {'.'.join(parts[i:])!r}") from None
+        return obj
+    raise LookupError(f"{path}: no module of that name")
 
 
 @dataclass(frozen=True)
@@ -68,6 +109,11 @@ class Contract:
             (``model=toy``), mapped to how the judge builds its own copy:
             ``(module, factory, kwargs)`` (the kernel's object is never used: learner code
             could have changed it).
+        references: dotted names of the course_lib functions (or methods) that compute what
+            the exercise asks for: its reference implementations
+            (``"course_lib.roofline.kv_bytes_per_token"``). The grader flags the test when the
+            learner's functions reach one of them (``course_grader.provenance``); library
+            helpers the exercise may use (model configs, loaders, validation) are not listed.
     """
 
     test: str
@@ -75,6 +121,7 @@ class Contract:
     functions: tuple[str, ...]
     writes: Writes = field(default_factory=Writes)
     objects: Mapping[str, tuple[str, str, dict]] = field(default_factory=dict)
+    references: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not (isinstance(self.test, str) and self.test.startswith("test_")):
@@ -85,6 +132,9 @@ class Contract:
             raise ValueError(f"Contract.functions must be a non-empty tuple of names, got {self.functions!r}")
         if not isinstance(self.writes, Writes):
             raise TypeError(f"Contract.writes must be a Writes, got {self.writes!r}")
+        if type(self.references) is not tuple or any(
+                type(r) is not str or not _DOTTED.fullmatch(r) or "." not in r for r in self.references):
+            raise TypeError(f"Contract.references must be a tuple of dotted course_lib names, got {self.references!r}")
 
 
 @dataclass(frozen=True)
@@ -147,8 +197,9 @@ class Fault:
 
 
 def check_tables(contracts: tuple[Contract, ...], faults: tuple[Fault, ...]) -> None:
-    """Raise ValueError when a lab's tables disagree with each other: repeated test ids, checkers
-    or fault names, or a fault failing a test that has no contract."""
+    """Raise ValueError when a lab's tables disagree with each other or with the library: repeated
+    test ids, checkers or fault names, a fault failing a test that has no contract, or a contract
+    reference that does not resolve to a function, method or property of course_lib."""
     tests = [c.test for c in contracts]
     for what, names in (("test", tests), ("checker", [c.checker.__name__ for c in contracts]),
                         ("fault", [f.name for f in faults])):
@@ -159,3 +210,12 @@ def check_tables(contracts: tuple[Contract, ...], faults: tuple[Fault, ...]) -> 
         unknown = sorted(set(fault.fails) - set(tests))
         if unknown:
             raise ValueError(f"fault {fault.name} fails tests with no contract: {unknown}")
+    for contract in contracts:
+        for ref in contract.references:
+            try:
+                obj = resolve_reference(ref)
+            except LookupError as exc:
+                raise ValueError(f"contract {contract.test}: reference {ref} does not resolve: {exc}") from None
+            if not (callable(obj) or isinstance(obj, property)) or isinstance(obj, type):
+                raise ValueError(f"contract {contract.test}: reference {ref} is a {type(obj).__qualname__}, "
+                                 "not a function, method or property")
