@@ -476,3 +476,38 @@ def test_links_are_not_copied_and_control_characters_are_shown_escaped(tmp_path)
     os.symlink(tmp_path / "copy" / f"{LAB}.ipynb", folder / f"{LAB}.ipynb")
     assert "symbolic link" in driver.notebook_problem(folder, LAB)
     assert driver.printable("a\x1b[2Kb\r\n\x07") == "a\\x1b[2Kb\\x0d\\x0a\\x07"
+
+
+def test_one_slow_feedback_page_costs_only_its_own_learner(tmp_path):
+    """generate_feedback for a lab runs once for every learner under a time limit; when that batch
+    is killed, each learner still without a page gets a run of its own, and only the one whose page
+    cannot be made in time gets a row error."""
+    driver = load_driver()
+    course, work = tmp_path / "course", tmp_path / "work"
+    (work / "logs").mkdir(parents=True)
+    rows = [driver.Submission(name, "01_x", graded=True) for name in ("ann", "bob", "cat")]
+    calls = []
+
+    def page(learner):
+        path = course / "feedback" / learner / "01_x" / "01_x.html"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("<html></html>")
+
+    def fake_run(args, cwd, log, env, timeout=None):
+        calls.append((args, timeout))
+        if "--student" not in args:       # the batch: made ann's page, then stalled on cat's
+            page("ann")
+            return -9, "killed"
+        learner = args[args.index("--student") + 1]
+        if learner == "cat":
+            return -9, "killed"
+        page(learner)
+        return 0, ""
+
+    driver.generate_feedback(course, work, rows, ["01_x"], {}, run=fake_run)
+    assert [r.error for r in rows][:2] == ["", ""]
+    assert "feedback not generated" in rows[2].error and str(driver.FEEDBACK_SECONDS) in rows[2].error
+    assert [a for a, _ in calls] == [["generate_feedback", "01_x"],
+                                     ["generate_feedback", "01_x", "--student", "bob", "--force"],
+                                     ["generate_feedback", "01_x", "--student", "cat", "--force"]]
+    assert calls[0][1] == driver.FEEDBACK_SECONDS + 3 * driver.FEEDBACK_SECONDS_PER_LEARNER

@@ -28,7 +28,7 @@ import torch
 
 from course_lib.cache.contiguous import KVCache
 from course_lib.cache.paged import BlockPool, PagedKVCache, PagedSequence
-from course_grader import judge, remote
+from course_grader import hostile, judge, remote, sandbox
 from course_lib.grading import ContractError, check_int, check_int_list, check_real, check_tensor
 from course_lib.grading.lab03 import normalise_plan as _normalise_plan
 from course_lib.hardware import REFERENCE_DEVICES
@@ -496,11 +496,11 @@ from course_lib.models import generate_full_recompute
 from course_lib.models.decoder import generate_cached
 
 def prefill_time(config, device, tokens, mfu=0.5):
-    L, d = config.n_layers, config.d_model
+    L, d = config.n_layers, config.n_heads * config.head_dim
     return (2 * roofline.n_matmul(config) * tokens + 2 * L * d * tokens ** 2) / (mfu * device.peak_flops)
 
 def prefill_no_mfu(config, device, tokens, mfu=0.5):
-    L, d = config.n_layers, config.d_model
+    L, d = config.n_layers, config.n_heads * config.head_dim
     return (2 * roofline.n_matmul(config) * tokens + 2 * L * d * tokens ** 2) / device.peak_flops
 
 prefill_reference = roofline.prefill_time
@@ -1027,7 +1027,7 @@ def test_nbgrader_autograde_with_the_judge(tmp_path):
     setup = nbformat.v4.new_code_cell("from course_lib.grading import fresh_seed, lab01\nfrom course_lib import roofline")
     solution = nbformat.v4.new_code_cell(
         "def prefill_time(config, device, tokens, mfu=0.5):\n    ### BEGIN SOLUTION\n"
-        "    L, d = config.n_layers, config.d_model\n"
+        "    L, d = config.n_layers, config.n_heads * config.head_dim\n"
         "    return (2 * roofline.n_matmul(config) * tokens + 2 * L * d * tokens ** 2) / (mfu * device.peak_flops)\n"
         "    ### END SOLUTION",
         metadata={"nbgrader": {"grade": False, "grade_id": "prefill", "locked": False, "schema_version": 3,
@@ -1055,11 +1055,21 @@ def test_nbgrader_autograde_with_the_judge(tmp_path):
 
     nbgrader("generate_assignment", lab, "--force")
     release = nbformat.read(str(course / "release" / lab / f"{lab}.ipynb"), as_version=4)
-    for learner, body in (("honest", None), ("tamperer", "    return 1.0\n")):
+    right = solution.source.replace("    ### BEGIN SOLUTION\n", "").replace("    ### END SOLUTION", "")
+    signature = "def prefill_time(config, device, tokens, mfu=0.5):\n"
+    learners = {
+        "honest": right,
+        "tamperer": signature + "    return 1.0\n" + textwrap.dedent(TAMPER),
+        # a wrong answer that makes IPython display the number 2 in the test cell (stock nbgrader
+        # would take it for the cell's score)
+        "displayed": signature + "    import sys\n    sys.displayhook(2)\n    return 1.0\n",
+        # an unfinished exercise whose message UTF-8 cannot encode (a lone surrogate)
+        "surrogate": signature + "    raise ValueError('not done yet \\ud800')\n",
+        # a right answer, then builtins replaced under the kernel: its messages fail verification
+        "breach": right + "\n" + hostile.BREAK_THE_KERNEL,
+    }
+    for learner, text in learners.items():
         copy = nbformat.from_dict(json.loads(json.dumps(release)))
-        text = solution.source.replace("    ### BEGIN SOLUTION\n", "").replace("    ### END SOLUTION", "")
-        if body:
-            text = "def prefill_time(config, device, tokens, mfu=0.5):\n" + body + textwrap.dedent(TAMPER)
         copy.cells[1].source = text
         folder = course / "submitted" / learner / lab
         folder.mkdir(parents=True)
@@ -1069,10 +1079,23 @@ def test_nbgrader_autograde_with_the_judge(tmp_path):
 
     db = f"sqlite:///{course / 'gradebook.db'}"
     with Gradebook(db) as gb:
-        assert gb.find_grade("test_prefill", lab, lab, "honest").auto_score == 2
-        assert gb.find_grade("test_prefill", lab, lab, "tamperer").auto_score == 0
+        scores = {learner: gb.find_grade("test_prefill", lab, lab, learner).auto_score for learner in learners}
+    assert scores == {"honest": 2, "tamperer": 0, "displayed": 0, "surrogate": 0, "breach": 0}
+
+    def outputs(learner):
+        nb = nbformat.read(str(course / "autograded" / learner / lab / f"{lab}.ipynb"), as_version=4)
+        return [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
+
+    # the autograded notebook was written (stock nbgrader deletes it when writing fails) and shows
+    # the failure; ipykernel itself may replace a message it cannot encode by its encoding error
+    errors = [o.evalue for o in outputs("surrogate") if o.output_type == "error"]
+    assert any("ud800" in e for e in errors), errors
+    died = [o.evalue for o in outputs("breach") if o.output_type == "error" and o.ename == "KernelDied"]
+    assert died and sandbox.PROTOCOL_BROKEN in died[0], died    # not a timeout
     records = judge.read_verdicts(course / "autograded")
-    assert {r["student"]: r["cells"][0]["status"] for r in records} == {"honest": "passed", "tamperer": "failed"}
+    statuses = {r["student"]: r["cells"][0]["status"] for r in records}
+    assert statuses == {"honest": "passed", "tamperer": "failed", "displayed": "failed", "surrogate": "failed",
+                        "breach": "error"}
     flagged = judge.apply_verdicts(db, records)
     assert [(f["learner"], f["in_kernel"], f["judge"]) for f in flagged] == [("tamperer", "passed", "failed")]
 

@@ -532,3 +532,116 @@ def test_nbgrader_autograde_runs_in_the_sandbox(tmp_path):
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}", "llm-inference-lab") as gb:
         submission = gb.find_submission(LAB, "alice")
         assert (submission.score, submission.max_score) == (3.0, 3.0)
+
+
+def test_protocol_breach_names_a_message_that_fails_verification_and_nothing_else():
+    """The grader's test for "this kernel stopped speaking the protocol": an error raised while
+    jupyter_client reads a message (a forged signature, a replayed one, a malformed frame), not
+    an error raised anywhere else."""
+    from jupyter_client.session import Session
+
+    session = Session(key=b"secret")
+    parts = session.serialize(session.msg("execute_reply", content={"status": "ok"}))
+    _, frames = session.feed_identities(parts)
+    signed = list(frames)
+    session.deserialize(list(signed))                      # a good message reads
+    problems = {"forged": [b"0" * 64, *signed[1:]], "replayed": signed, "malformed": signed[:3]}
+    for name, msg in problems.items():
+        with pytest.raises(Exception) as info:
+            session.deserialize(list(msg))
+        detail = sb.protocol_breach(info.value)
+        assert detail is not None and type(info.value).__name__ in detail, name
+    try:
+        raise ValueError("Invalid Signature: raised by the grader itself")
+    except ValueError as exc:
+        assert sb.protocol_breach(exc) is None
+
+
+@needs_sandbox
+def test_a_kernel_that_stops_speaking_the_protocol_is_stopped_without_waiting_for_the_timeout():
+    """Learner code that replaces builtins the kernel's messaging relies on: the cell never gets an
+    execute_reply (or its messages fail verification). With a 300 s cell timeout, the kernel is
+    stopped as broken (KernelDied naming why), not timed out; earlier cells keep their output and
+    later cells are recorded as not run."""
+    from course_grader.hostile import BREAK_THE_KERNEL
+
+    sources = ["print('before')", BREAK_THE_KERNEL, "print('never')"]
+    nb = new_notebook(cells=[new_code_cell(src) for src in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    config = Config()
+    config.SandboxKernelManager.limits = sb.SandboxLimits(wall_seconds=900).to_dict()
+    pre = sb.SandboxExecute(config=config, timeout=300, reply_grace=5)
+    nb, _ = pre.preprocess(nb, {})
+    assert text_of(nb.cells[0]) == "before\n"
+    broken = [o for o in nb.cells[1].outputs if o.output_type == "error"]
+    assert [o.ename for o in broken] == [sb.KERNEL_DIED], broken
+    assert sb.PROTOCOL_BROKEN in broken[0].evalue
+    assert [o.ename for o in nb.cells[2].outputs] == [sb.KERNEL_DIED]
+    assert "not run" in nb.cells[2].outputs[0].evalue and "cell 1" in nb.cells[2].outputs[0].evalue
+
+
+@needs_sandbox
+def test_output_caps_count_every_field_and_the_whole_notebook():
+    """The per-cell cap counts what a viewer does not show too (display metadata, an error's
+    ename), and a notebook-wide cap bounds the sum of cells that each stay under theirs."""
+    in_metadata = ("from IPython.display import publish_display_data\n"
+                   "publish_display_data({'text/plain': 'x'}, metadata={'junk': 'm' * 200_000})")
+    in_ename = ("from IPython.core.interactiveshell import InteractiveShell\n"
+                "shell = InteractiveShell.instance()\n"
+                "shell.displayhook.flush()\n"
+                "shell.kernel.session.send(shell.kernel.iopub_socket, 'error', "
+                "{'ename': 'E' * 200_000, 'evalue': '', 'traceback': []}, parent=shell.kernel.get_parent())")
+    nb = new_notebook(cells=[new_code_cell(in_metadata), new_code_cell(in_ename)]
+                      + [new_code_cell("print('y' * 40_000)") for _ in range(3)] + [new_code_cell("print('z')")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    config = Config()
+    config.SandboxKernelManager.limits = sb.SandboxLimits(wall_seconds=120).to_dict()
+    pre = sb.SandboxExecute(config=config, timeout=30, max_output_bytes=50_000, max_notebook_output_bytes=100_000)
+    nb, _ = pre.preprocess(nb, {})
+    for cell in nb.cells[:2]:
+        assert len(json.dumps(cell.outputs)) < 10_000, cell.outputs
+        assert "this cell printed more than 50000 bytes" in text_of(cell)
+    assert [("truncated" in text_of(cell)) for cell in nb.cells[2:5]] == [False, False, True]
+    assert "the notebook's cells printed more than 100000 bytes" in text_of(nb.cells[4])
+
+
+@needs_sandbox
+def test_a_message_that_would_balloon_in_the_grader_is_refused_unparsed():
+    """One display message of many empty lists (small as text, huge once parsed by the grader's
+    unsandboxed client) is refused before parsing, and its kernel stopped as broken."""
+    balloon = ("from IPython.display import publish_display_data\n"
+               "publish_display_data({'text/plain': 'x'}, metadata={'junk': [[]] * 300_000})")
+    nb = new_notebook(cells=[new_code_cell("print('before')"), new_code_cell(balloon), new_code_cell("print('z')")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    config = Config()
+    config.SandboxKernelManager.limits = sb.SandboxLimits(wall_seconds=120).to_dict()
+    config.SandboxKernelManager.max_message_elements = 100_000
+    pre = sb.SandboxExecute(config=config, timeout=60)
+    nb, _ = pre.preprocess(nb, {})
+    assert text_of(nb.cells[0]) == "before\n"
+    died = [o.evalue for o in nb.cells[1].outputs if o.output_type == "error" and o.ename == sb.KERNEL_DIED]
+    assert died and sb.PROTOCOL_BROKEN in died[0] and "JSON elements" in died[0], nb.cells[1].outputs
+    assert [o.ename for o in nb.cells[2].outputs] == [sb.KERNEL_DIED]
+
+
+@needs_sandbox
+def test_the_connection_folder_is_closed_to_the_kernel_once_it_is_ready():
+    """The kernel's connection folder is a host folder bound read-write (its IPC sockets live
+    there), outside the size-capped tmpfs: once the kernel is ready, and again after a restart,
+    sandboxed code cannot create files in it (so it cannot fill the host's disk through it)."""
+    if sb.sandbox_mode() != "root":
+        pytest.skip("only root mode runs the kernel under a uid other than the folder's owner")
+    probe = ("import os, json\nfrom ipykernel.kernelapp import IPKernelApp\nfolder = os.path.dirname(IPKernelApp.instance().connection_file)\n"
+             "try:\n    open(os.path.join(folder, 'filler'), 'wb').write(b'x')\n    print(json.dumps({'wrote': True}))\n"
+             "except OSError as exc:\n    print(json.dumps({'wrote': False, 'errno': exc.errno}))")
+    nb = new_notebook(cells=[new_code_cell(probe), new_code_cell(WEDGE), new_code_cell(probe)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    config = Config()
+    config.SandboxKernelManager.limits = sb.SandboxLimits(wall_seconds=300).to_dict()
+    pre = sb.SandboxExecute(config=config, timeout=4, iopub_timeout=3)
+    nb, _ = pre.preprocess(nb, {})
+    import errno
+
+    assert json_of(nb.cells[0]) == {"wrote": False, "errno": errno.EACCES}
+    assert [o.ename for o in nb.cells[1].outputs if o.output_type == "error"] == ["CellTimeoutError"]
+    assert json_of(nb.cells[2]) == {"wrote": False, "errno": errno.EACCES}      # after the restart too

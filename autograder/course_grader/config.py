@@ -13,9 +13,11 @@
 * feedback that shows the learner's code and the visible checks but not the hidden tests
   (``COURSE_FEEDBACK_SHOWS_HIDDEN_TESTS=1`` keeps them), with learner HTML sanitised;
 * learner code run in the bubblewrap sandbox (``course_grader.sandbox``) and every graded
-  cell rerun by the judge (``course_grader.judge``). Where bubblewrap is unavailable,
-  kernels refuse to start unless ``COURSE_UNSAFE_NO_SANDBOX=1``, and then every command
-  prints that learner code runs unsandboxed.
+  cell rerun by the judge (``course_grader.judge``), which also flags a test whose learner
+  functions reach course_lib's own reference for the exercise
+  (``c.CourseJudge.reference_reuse``: "flag", or "zero" to score such tests 0). Where
+  bubblewrap is unavailable, kernels refuse to start unless ``COURSE_UNSAFE_NO_SANDBOX=1``,
+  and then every command prints that learner code runs unsandboxed.
 
 The grading driver (``course_grader.grade``) loads ``autograder/nbgrader_config.py`` as a
 sub-config of a generated config in its own work folder and overrides the root and every
@@ -114,7 +116,11 @@ def _autograde(c) -> None:
         OverwriteKernelspec,
         preprocessors.RestoreMissingTests,
         CheckCellMetadata,
+        preprocessors.EncodableText,
     ]
+    # EncodableText runs last among the sanitize steps and right after Execute: text UTF-8 cannot encode
+    # (a lone surrogate in a source, an exception message or a print) would otherwise fail the
+    # writing of the autograded notebook, and so the whole submission.
     # The stock autograde list with two steps after IgnorePattern, so that a test cell's score
     # comes from its errors only: nbgrader's determine_grade gives 0 to a graded cell with a
     # `stderr` stream output (a warning printed by a library, say), which StderrToStdout turns
@@ -122,6 +128,7 @@ def _autograde(c) -> None:
     # shows, which DisplayedValuesAreNotScores turns into display_data.
     c.Autograde.autograde_preprocessors = [
         Execute,
+        preprocessors.EncodableText,
         IgnorePattern,
         preprocessors.StderrToStdout,
         preprocessors.DisplayedValuesAreNotScores,
@@ -159,4 +166,8 @@ def _learner_code(c) -> str:
     if warning:
         print(warning, file=sys.stderr)
     judge.configure_nbgrader(c)
+    # A graded test whose learner functions reach course_lib's reference for that exercise (the
+    # contract's references; course_grader.provenance) is flagged in its verdict and the autograde
+    # log. "zero" also scores it 0, with a ReferenceReuse error in the cell that the feedback shows.
+    c.CourseJudge.reference_reuse = "flag"
     return warning

@@ -27,7 +27,9 @@ SUBMISSIONS is laid out like nbgrader's ``submitted`` folder:
                                submission's hidden tests; judge_flags: graded cells where the
                                in-kernel result and the judge disagreed; flags: a renamed
                                notebook, graded or locked cells the learner edited, deleted or
-                               repeated (undone before grading), judge disagreements; sandbox:
+                               repeated (undone before grading), judge disagreements, tests whose
+                               functions reach course_lib's reference for that exercise, dynamic
+                               code the reference check cannot read; sandbox:
                                bubblewrap, or NONE with --unsafe-no-sandbox)
     judge_disagreements.csv    one row per such cell: in-kernel result, judge verdict, message
     grades_per_test.csv        with --per-test: learner, lab, cell, score, max_score
@@ -67,7 +69,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import judge, sandbox
+from . import judge, provenance, sandbox
+from .text import printable
 from .paths import BASE_CONFIG, REPO_ROOT
 
 DEFAULT_ROOT = REPO_ROOT
@@ -118,6 +121,7 @@ class Submission:
     notebook: str = ""  # the submitted file's name when it is not {lab}.ipynb (graded under that name)
     tampering: list[str] = field(default_factory=list)  # changes to locked/graded cells, undone before grading
     skipped: list[str] = field(default_factory=list)  # symlinks and special files left out of the copy
+    reuse: list[str] = field(default_factory=list)  # reference reuse and dynamic code (provenance.flag_notes)
 
 
 # --------------------------------------------------------------------------------------
@@ -146,6 +150,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--unsafe-no-sandbox", action="store_true",
                         help="grade even where the sandbox (bubblewrap) is unavailable, running learner code "
                              "as this user with this machine's access; every output says so")
+    parser.add_argument("--reference-reuse", choices=("flag", "zero"), default=None,
+                        help="a test whose learner functions reach course_lib's reference for that exercise: "
+                             "'flag' lists it in the flags column, 'zero' also scores it 0 (default: the course "
+                             "config's CourseJudge.reference_reuse, which is 'flag')")
     parser.add_argument("--submission-timeout", type=int, default=3600,
                         help="seconds for one submission's autograde before it is killed (default 3600)")
     args = parser.parse_args(argv)
@@ -542,6 +550,9 @@ def kernel_death(notebook: Path) -> str:
             if output.get("output_type") == "error" and output.get("ename") == "KernelDied":
                 grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
                 where = f"cell {index}" + (f" ({grade_id})" if grade_id else "")
+                if sandbox.PROTOCOL_BROKEN in str(output.get("evalue", "")):
+                    return f"kernel {sandbox.PROTOCOL_BROKEN} in {where} and was stopped; " \
+                           "later cells were not run (0 points)"
                 return f"kernel died in {where}; later cells were not run (0 points)"
     return ""
 
@@ -657,6 +668,7 @@ def grade_shard(course: Path, row: Submission, course_id: str, env: dict[str, st
             row.error = f"autograde failed: {why}"
             return
         records = judge.read_verdicts(shard / "autograded" / row.learner / row.lab, row.learner, row.lab)
+        row.reuse = provenance.flag_notes(records)
         for verdicts in (shard / "autograded" / row.learner / row.lab).glob("*" + judge.VERDICT_SUFFIX):
             verdicts.rename(shard / verdicts.name)  # generate_feedback copies the folder's other files
         row.judge_flags = judge.apply_verdicts(f"sqlite:///{shard / 'gradebook.db'}", records, course_id=course_id)
@@ -719,17 +731,41 @@ def merge_into_course(course: Path, rows: list[Submission], course_id: str) -> N
             shutil.copytree(src, course / "autograded" / row.learner / row.lab)
 
 
+FEEDBACK_SECONDS = 300        # one learner's feedback page; the batch of a lab gets this plus per learner
+FEEDBACK_SECONDS_PER_LEARNER = 20
+
+
 def generate_feedback(course: Path, work: Path, rows: list[Submission], labs: list[str],
-                      env: dict[str, str]) -> None:
+                      env: dict[str, str], run=None) -> None:
     """Stock `nbgrader generate_feedback LAB` on the merged course; a missing HTML becomes a row error.
 
     One process per lab for all learners: cheaper than one per shard (nbgrader's start-up
-    is most of the cost for a notebook's HTML), and it reads the merged gradebook.
+    is most of the cost for a notebook's HTML), and it reads the merged gradebook. That process
+    gets ``FEEDBACK_SECONDS`` plus ``FEEDBACK_SECONDS_PER_LEARNER`` per graded learner; if it
+    runs out (a submission whose outputs take the HTML sanitiser minutes), it is killed and each
+    learner still without a page gets a process of its own (``--student``, ``FEEDBACK_SECONDS``),
+    so one submission can cost only its own feedback. RUN replaces ``run_nbgrader`` in tests.
     """
+    run = run or run_nbgrader
+
+    def missing(row: Submission) -> bool:
+        return row.graded and not (course / "feedback" / row.learner / row.lab / f"{row.lab}.html").is_file()
+
     for lab in labs:
-        run_nbgrader(["generate_feedback", lab], course, work / "logs" / f"feedback_{lab}.log", env)
+        log = work / "logs" / f"feedback_{lab}.log"
+        learners = [r for r in rows if r.lab == lab and r.graded]
+        code, _ = run(["generate_feedback", lab], course, log, env,
+                      timeout=FEEDBACK_SECONDS + FEEDBACK_SECONDS_PER_LEARNER * len(learners))
+        if code != -9:
+            continue
+        for row in learners:
+            if missing(row):
+                code, _ = run(["generate_feedback", lab, "--student", row.learner, "--force"], course, log, env,
+                              timeout=FEEDBACK_SECONDS)
+                if code == -9:
+                    row.error = row.error or f"feedback not generated: its page took over {FEEDBACK_SECONDS} s"
     for row in rows:
-        if row.graded and not (course / "feedback" / row.learner / row.lab / f"{row.lab}.html").is_file():
+        if missing(row):
             row.error = row.error or f"feedback not generated (see {work / 'logs' / f'feedback_{row.lab}.log'})"
 
 
@@ -748,15 +784,6 @@ def check_merge(course: Path, rows: list[Submission], course_id: str) -> None:
 # Tables
 
 
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """TEXT with control characters (terminal escapes, newlines, bells) shown as \\xNN: names and
-    notes taken from a submission must not move the cursor or forge rows in the table or CSV."""
-    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
-
-
 def totals_table(rows: list[Submission]) -> pd.DataFrame:
     return pd.DataFrame(
         [{"learner": r.learner, "lab": r.lab, "score": r.score, "max_score": r.max_score, "error": printable(r.error),
@@ -768,7 +795,8 @@ def totals_table(rows: list[Submission]) -> pd.DataFrame:
 
 def flag_notes(row: Submission) -> list[str]:
     """What an instructor should look at in a graded row: a renamed notebook, edited or deleted
-    graded cells (undone before grading), cells where the learner's kernel and the judge disagreed."""
+    graded cells (undone before grading), cells where the learner's kernel and the judge disagreed,
+    tests that reuse their exercise's reference and dynamic code that check cannot read."""
     notes = [f"graded {row.notebook} as {row.lab}.ipynb"] if row.notebook else []
     notes += [f"not copied (symlink or special file): {name}" for name in row.skipped]
     notes += row.tampering
@@ -776,7 +804,7 @@ def flag_notes(row: Submission) -> list[str]:
               if f.get("in_kernel") == "passed" else
               f"{f['cell']}: the kernel failed it, the judge passed it (their hidden inputs differ; the kernel's 0 stands)"
               for f in row.judge_flags]
-    return notes
+    return notes + row.reuse
 
 
 def cells_table(rows: list[Submission]) -> pd.DataFrame:
@@ -879,6 +907,8 @@ def run(args: argparse.Namespace) -> int:
     # the judge's lines come after the sandbox's: they wrap the (sandboxed) Execute step
     sandbox_lines = sandbox.nbgrader_config_lines(sandbox.SandboxLimits(wall_seconds=args.submission_timeout),
                                                   allow_unsafe=args.unsafe_no_sandbox) + judge.nbgrader_config_lines()
+    if args.reference_reuse is not None:
+        sandbox_lines.append(f"c.CourseJudge.reference_reuse = {args.reference_reuse!r}")
     prepare_work(args.work, args.root, args.submissions)
     env = nbgrader_env(args.jobs)
 
@@ -927,8 +957,14 @@ def run(args: argparse.Namespace) -> int:
     attention = totals[((totals["error"] != "") & (totals["error"] != NOT_SUBMITTED)) | (totals["flags"] != "")]
     if not attention.empty:
         print(f"\n{len(attention)} row(s) to look at (errors other than 'not submitted', or flags):")
+        by_key = {(r.learner, r.lab): r for r in rows}
         for r in attention.itertuples():
-            print(f"  {r.learner} / {r.lab}: " + "; ".join(x for x in (r.error, r.flags) if x)[:300])
+            row = by_key[(r.learner, r.lab)]
+            other = printable("; ".join(n for n in flag_notes(row) if n not in row.reuse))
+            text = "; ".join(x for x in (r.error, other) if x)[:300]
+            print(f"  {r.learner} / {r.lab}:" + (f" {text}" if text else ""))
+            for note in row.reuse:      # each in full: which test reaches which reference, and how
+                print(f"      {printable(note)}")
     print(f"\nGrades CSV:    {args.work / 'grades.csv'}")
     print(f"Judge flags:   {args.work / 'judge_disagreements.csv'} ({len(flags)} cell(s) where the learner's "
           "kernel and the judge disagreed)")

@@ -22,7 +22,9 @@ unless every score matches, and:
 - no process of the sandbox's uid range is left, and no file owned by it outside the work
   folder;
 - the driver's per-shard check passed (in every shard, the gradebook rows of other learners
-  were identical before and after that learner's grading; a difference is a row error).
+  were identical before and after that learner's grading; a difference is a row error);
+- grades.csv flags every test EXPECTED_REUSE lists as reusing its exercise's reference (naming
+  it), and no other test of those rows.
 """
 from __future__ import annotations
 
@@ -403,6 +405,97 @@ _remote.dumps = _huge_dumps
 ''')
 
 
+def a_reference_wrappers_l1(nb):
+    """Solution cells that only wrap course_lib's own references (Lab 1: 6 of 13 points), through an
+    alias import, an alias defined in another cell, importlib.import_module and getattr."""
+    nb.cells[cell_index(nb, "kv_bytes_per_token")].source = '''import course_lib.roofline as _r
+
+
+def kv_bytes_per_token(config, bytes_per_value=2):
+    """Bytes of K and V one position adds to the cache (int)."""
+    return int(_r.kv_bytes_per_token(config, bytes_per_value)) + 0'''
+    nb.cells[cell_index(nb, "prefill_time")].source = '''def prefill_time(config, device, tokens, mfu=0.5):
+    """Bound on the prefill of `tokens` positions, in seconds."""
+    return float(_r.prefill_time(config, device, tokens, mfu))'''
+    nb.cells[cell_index(nb, "intensity")].source = '''import importlib
+
+_roofline = importlib.import_module("course_lib.roofline")
+
+
+def gemv_intensity(m, n, bytes_per_element):
+    """FLOP/byte of y = W x with W (m x n)."""
+    return _roofline.gemv_intensity(m, n, bytes_per_element) * 1.0
+
+
+def gemm_intensity(m, n, batch, bytes_per_element):
+    """FLOP/byte of Y = W X with W (m x n) and X (n x batch)."""
+    return getattr(_roofline, "gemm_intensity")(m, n, batch, bytes_per_element)'''
+
+
+def a_reference_wrappers_l2(nb):
+    """Lab 2 (8 of 16 points): a from-import alias, sys.modules behind a helper function, and
+    __import__ with getattr around course_lib.models."""
+    nb.cells[cell_index(nb, "apply_rope")].source = '''from course_lib.models.rope import apply_rope as _rotate
+
+
+def apply_rope(x, positions, theta=10000.0):
+    """Rotate each split-half pair (x_i, x_{i+D/2}) of x (B, H, T, D) by positions * theta^(-2i/D)."""
+    return _rotate(x, positions, theta).clone()'''
+    nb.cells[cell_index(nb, "attend_with_cache")].source = '''import sys
+
+
+def _attention_module():
+    return sys.modules["course_lib.models.attention"]
+
+
+def attend_with_cache(q, k_new, v_new, k_cache, v_cache, start):
+    """q (B, Hq, T, D); k_new, v_new (B, Hkv, T, D); caches (B, Hkv, S_max, D) written in place."""
+    return _attention_module().attend_with_cache(q, k_new, v_new, k_cache, v_cache, start)'''
+    nb.cells[cell_index(nb, "generate_with_cache")].source = '''_decoder = __import__("course_lib.models.decoder", fromlist=["generate_cached"])
+
+
+@torch.no_grad()
+def generate_with_cache(model, prompt, max_new_tokens):
+    """Greedy decoding with a KV cache. prompt: (T0,) int64. Returns (tokens, logits (n, vocab))."""
+    tokens, logits = getattr(_decoder, "generate_cached")(model, prompt, max_new_tokens)
+    return [int(t) for t in tokens], logits'''
+
+
+# Builtins the kernel's own messaging relies on, replaced by learner code: from then on the kernel
+# stops speaking the Jupyter protocol (depending on the ipykernel version its shell thread dies
+# after the cell reports idle, or its messages fail signature verification). The grader must stop
+# that kernel within seconds; the tests before the cell keep their points, the rest score 0.
+BREAK_THE_KERNEL = '''
+import builtins
+
+
+class _AlwaysTrue(float):
+    def __lt__(self, other): return True
+    __le__ = __gt__ = __ge__ = __eq__ = __lt__
+    def __ne__(self, other): return False
+    __hash__ = float.__hash__
+
+
+builtins.abs = lambda x: _AlwaysTrue(0.0)
+builtins.max = lambda *a, **k: _AlwaysTrue(0.0)
+'''
+
+
+def a_builtins_replaced_l1(nb):
+    append_to(nb, "decode_step_bound", BREAK_THE_KERNEL)
+
+
+def a_builtins_replaced_l2(nb):
+    append_to(nb, "generate_with_cache", BREAK_THE_KERNEL)
+
+
+def a_lone_surrogate(nb):
+    """An unfinished exercise whose error message holds a lone surrogate, which UTF-8 cannot encode:
+    only its own test may lose points (every writer of learner text must cope)."""
+    replace_in(nb, "kv_cache_bytes", "def kv_cache_bytes(config, positions, bytes_per_value=4):\n",
+               "def kv_cache_bytes(config, positions, bytes_per_value=4):\n    raise ValueError('not done yet \\ud800')\n")
+
+
 HOSTILE_L1 = {
     "stderr_warnings": a_stderr,
     "displayed_score": a_displayed_score,
@@ -435,6 +528,8 @@ HOSTILE_L1 = {
     "xss_feedback": a_xss_feedback,
     "terminal_escapes": a_terminal_escapes,
     "judge_memory": a_judge_memory,
+    "reference_wrappers": a_reference_wrappers_l1,
+    "builtins_replaced": a_builtins_replaced_l1,
     "gigabyte_output": _in_gemm("    if not getattr(gemm_intensity, 'shouted', False):\n"
                                 "        gemm_intensity.shouted = True\n"
                                 "        for _ in range(1024):\n            print('x' * (1 << 20))"),
@@ -581,7 +676,47 @@ HOSTILE_L2 = {
     "patched_torch": a_patched_torch,
     "lying_objects": a_lying_objects,
     "no_cache_hooks_cleared": a_no_cache_hooks_cleared,
+    "builtins_replaced": a_builtins_replaced_l2,
+    "lone_surrogate": a_lone_surrogate,
+    "reference_wrappers": a_reference_wrappers_l2,
 }
+
+# The reference-reuse flags grades.csv must show: per (learner, lab), every test that must be
+# flagged, each with the reference its flag must name; a row listed with {} must carry no such
+# flag (an honest solution imports course_lib too). `check` grades with the default policy
+# (flag), so the flagged tests keep their points in expected_scores.csv.
+EXPECTED_REUSE = {
+    ("reference_wrappers", L1): {"test_kv_bytes_per_token": "course_lib.roofline.kv_bytes_per_token",
+                                 "test_prefill_time": "course_lib.roofline.prefill_time",
+                                 "test_gemv_intensity": "course_lib.roofline.gemv_intensity",
+                                 "test_gemm_intensity": "course_lib.roofline.gemm_intensity"},
+    ("reference_wrappers", L2): {"test_apply_rope": "course_lib.models.rope.apply_rope",
+                                 "test_attend_with_cache": "course_lib.models.attention.attend_with_cache",
+                                 "test_generate_with_cache": "course_lib.models.decoder.generate_cached"},
+    ("bystander_solution", L1): {},
+    ("bystander_solution", L2): {},
+}
+REUSE_NOTE = re.compile(r"reuses reference (?P<refs>[\w., ]+?) in (?P<test>test_\w+) \(")
+
+
+def reuse_problems(rows: list[dict], expected: dict = EXPECTED_REUSE) -> list[str]:
+    """Where grades.csv ROWS (dicts with learner, lab, flags) miss a reference-reuse flag EXPECTED
+    names, flag a test it does not list, or name another reference."""
+    problems = []
+    by_key = {(r["learner"], r["lab"]): r for r in rows}
+    for key, tests in expected.items():
+        row = by_key.get(key)
+        if row is None:
+            problems.append(f"{key[0]}/{key[1]}: no row in grades.csv")
+            continue
+        flagged = {m["test"]: m["refs"].split(", ") for m in REUSE_NOTE.finditer(row["flags"])}
+        for test, reference in tests.items():
+            if reference not in flagged.get(test, []):
+                problems.append(f"{key[0]}/{key[1]}: {test} not flagged as reusing {reference} "
+                                f"(flags: {flagged.get(test)})")
+        problems += [f"{key[0]}/{key[1]}: {test} flagged as reusing {refs}, which no entry expects"
+                     for test, refs in flagged.items() if test not in tests]
+    return problems
 
 
 def build(root: Path = HOSTILE) -> None:
@@ -760,6 +895,7 @@ def check(jobs: int) -> int:
         if "bystander, with a comma" not in names:
             problems.append("grades.csv does not round-trip the learner id with a comma")
         problems += [f"{r['learner']}/{r['lab']}: {r['error']}" for r in rows if "gradebook rows" in r["error"]]
+        problems += reuse_problems(rows)
     print(f"\nhostile batch graded in {seconds:.0f} s")
     if problems:
         print("HOSTILE CHECK FAILED:\n  " + "\n  ".join(problems))

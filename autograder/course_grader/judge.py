@@ -36,7 +36,9 @@ Pieces
                             verdict in the cell metadata and ``{notebook}.judge.json`` next
                             to the autograded notebook and (``enforce``) adds an error output
                             to a cell the kernel passed but the judge did not, so stock
-                            SaveAutoGrades scores it 0 and the feedback says why.
+                            SaveAutoGrades scores it 0 and the feedback says why. It also
+                            flags a cell whose learner functions reach the exercise's
+                            reference (``course_grader.provenance``; ``reference_reuse``).
     configure_nbgrader(c)   swaps Execute (or the sandbox's SandboxExecute) for its judged
                             subclass in ``c.Autograde.autograde_preprocessors``.
     apply_verdicts          for the driver after autograde: writes the judge's verdicts into
@@ -64,7 +66,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .sandbox import blocking, iopub_ready
+from .sandbox import blocking, breach_message, iopub_ready, protocol_breach
+from .text import encodable_tree, parse_python
+from . import provenance
 
 
 class _Lazy:
@@ -212,6 +216,7 @@ class KernelSession:
         self.calls = 0
         self.callbacks = 0
         self.call_seconds = 0.0
+        self.observations: list[tuple[str, tuple[str, ...], bool]] = []   # watched calls (provenance)
         self._poller = zmq.Poller()
         self._stdin = client.stdin_channel
         self._shell = client.shell_channel
@@ -242,14 +247,14 @@ class KernelSession:
         msg_id = self.client.kernel_info()
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                msg = self.client.get_shell_msg(timeout=max(0.05, min(self.poll_interval, deadline - time.monotonic())))
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise JudgeError("the kernel did not answer kernel_info") from None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise JudgeError("the kernel did not answer kernel_info")
+            if not self._shell.socket.poll(int(1000 * max(0.05, min(self.poll_interval, remaining)))):
                 self._check_alive()
                 continue
-            if msg.get("parent_header", {}).get("msg_id") == msg_id:
+            msg = self._get(self._shell)   # KernelDied on a message that fails verification
+            if msg is not None and msg.get("parent_header", {}).get("msg_id") == msg_id:
                 break
         time.sleep(0.05)
 
@@ -310,12 +315,21 @@ class KernelSession:
         self.client.input(text)
         self.pending = False
 
-    @staticmethod
-    def _get(channel):
+    def _get(self, channel):
+        """The next message on CHANNEL, or None when there is none. A message that fails
+        jupyter_client's checks (HMAC signature, framing, JSON) means the kernel's side of the
+        protocol is broken: the session is dead (KernelDied) at once, not after a timeout."""
+        from queue import Empty
+
         try:
             return channel.get_msg(timeout=0)
-        except Exception:  # Empty, or a message whose signature or framing is wrong: not ours
+        except Empty:
             return None
+        except Exception as exc:
+            detail = protocol_breach(exc) or f"{type(exc).__name__}: {exc}"
+            self.dead = True
+            self.msg_id, self.pending = None, False
+            raise KernelDied(breach_message(detail)) from None
 
     # -- session -------------------------------------------------------------------------------
     @property
@@ -454,10 +468,12 @@ class KernelSession:
         """Drop cached descriptions (between cells: the learner may redefine names)."""
         self._described.clear()
 
-    def call(self, name: str, args: tuple, kwargs: dict, deadline: float, writable: dict | None = None):
+    def call(self, name: str, args: tuple, kwargs: dict, deadline: float, writable: dict | None = None,
+             watch: list | None = None):
         """Call the kernel's ``name`` on plain-data copies of ``args``/``kwargs``; mirror the
         in-place changes ``writable`` allows (``writable_spec``; None: none); return the strictly
-        decoded result.
+        decoded result. With ``watch`` (``provenance.watch_spec``) the kernel also says which of
+        those references' code ran during the call; it is appended to ``observations``.
 
         Raises: LearnerRaised (the function raised), LearnerFault (missing, timeout, result
         that cannot come back), JudgeError (kernel died/wedged, protocol)."""
@@ -469,6 +485,8 @@ class KernelSession:
         allowed = _writable_oids(encoder, arg_nodes, kw_nodes, writable or {})
         request = {"op": "call", "fn": name, "args": arg_nodes, "kwargs": kw_nodes,
                    "objects": encoder.table, "grad": bool(torch.is_grad_enabled())}
+        if watch:
+            request["watch"] = watch
         start = time.monotonic()
         self.calls += 1
         try:
@@ -479,6 +497,11 @@ class KernelSession:
         finally:
             self.call_seconds += time.monotonic() - start
         op = answer.get("op")
+        if watch:
+            reached, watched = answer.get("reached"), {w["reference"] for w in watch}
+            valid = type(reached) is list and all(type(r) is str and r in watched for r in reached)
+            self.observations.append((name, tuple(sorted(set(reached))) if valid else (),
+                                      valid and answer.get("observed") is True))
         decoder = remote.ResultDecoder(encoder.objects)
         try:
             decoder.apply_state(answer.get("state", []), allowed)
@@ -567,14 +590,14 @@ class RemoteFunction:
     it would in-process)."""
 
     def __init__(self, session: KernelSession, name: str, info: dict, deadline: Callable[[], float],
-                 writable: dict | None = None):
-        self._session, self._deadline, self._writable = session, deadline, writable
+                 writable: dict | None = None, watch: list | None = None):
+        self._session, self._deadline, self._writable, self._watch = session, deadline, writable, watch
         self.__name__ = name
         self.__qualname__ = info.get("qualname") or name
         self.__module__ = info.get("module") or ""
 
     def __call__(self, *args, **kwargs):
-        return self._session.call(self.__name__, args, kwargs, self._deadline(), self._writable)
+        return self._session.call(self.__name__, args, kwargs, self._deadline(), self._writable, self._watch)
 
     def __repr__(self) -> str:
         return f"<learner function {self.__name__} (in the kernel)>"
@@ -648,7 +671,7 @@ def parse_test_cell(source: str) -> tuple[list[CheckCall], int]:
             neither a literal, ``fresh_seed()`` nor a plain name), or a syntax error.
     """
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError as exc:
         raise UnsupportedCell(f"test cell does not parse: {exc}") from None
     hidden = _hidden_lines(source)
@@ -768,7 +791,7 @@ def _checker_constants() -> set[str]:
 
         folder = Path(grading.__file__).parent
         for path in sorted(folder.glob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
+            for node in ast.walk(parse_python(path.read_text(), str(path))):
                 if isinstance(node, ast.Constant) and isinstance(node.value, str):
                     _CONSTANTS.update(m.group(0) for m in _NUMBER.finditer(node.value))
         _CONSTANTS.add("")
@@ -948,7 +971,7 @@ def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed:
         if stop:
             continue
         t0 = time.monotonic()
-        calls0, cb0 = session.calls, session.callbacks
+        calls0, cb0, obs0 = session.calls, session.callbacks, len(session.observations)
         status, message = PASSED, ""
         try:
             if not session.usable:
@@ -957,6 +980,9 @@ def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed:
                 raise CallTimeout("the judge's time for this cell ran out")
             contract = declared_contract(call.module, call.checker)
             objects = {**contract.objects, **substitutes}
+            watch = provenance.watch_spec(contract.references)
+            if contract.references:
+                record["references"] = list(contract.references)
             kwargs = {}
             for key, value in call.kwargs.items():
                 if value is FRESH:
@@ -974,7 +1000,7 @@ def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed:
                 if entry.get("callable"):
                     proxies.append(RemoteFunction(session, name, entry,
                                                   lambda: min(cell_deadline, time.monotonic() + call_timeout),
-                                                  writable_spec(contract)))
+                                                  writable_spec(contract), watch))
                 else:
                     proxies.append(remote.opaque_class(entry.get("type") or "object")())
             contract.checker(*proxies, **kwargs)
@@ -993,6 +1019,8 @@ def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed:
         record.update(status=status, seconds=round(time.monotonic() - t0, 4), calls=session.calls - calls0,
                       callbacks=session.callbacks - cb0,
                       message=redact(message) if (call.hidden and message) else message)
+        if record.get("references"):
+            record.update(provenance.runtime_summary(session.observations[obs0:]))
         if log is not None:
             log(f"judge {grade_id} {call.label}{' [hidden]' if call.hidden else ''}: {status} "
                 f"({record['seconds']:.2f} s, {record['calls']} calls)")
@@ -1049,7 +1077,7 @@ def _trusted_source(cell, resources: dict) -> str | None:
 
 
 def _make_mixin():
-    from traitlets import Bool, Dict, Float, Integer, Unicode
+    from traitlets import Bool, Dict, Enum, Float, Integer, Unicode
     from traitlets.config import LoggingConfigurable
 
     class CourseJudge(LoggingConfigurable):
@@ -1074,12 +1102,17 @@ def _make_mixin():
                                "{notebook}.judge.json next to the notebook; '-': nowhere)").tag(config=True)
         substitutes = Dict(help="Kernel-object keyword values -> [module, factory, kwargs] the judge "
                            "builds itself").tag(config=True)
+        reference_reuse = Enum(["flag", "zero"], "flag", help="A graded test whose learner functions reach "
+                               "course_lib's reference for that exercise (its contract's references; "
+                               "course_grader.provenance) is flagged in its verdict; 'zero' also scores it 0 "
+                               "(a ReferenceReuse error output in the cell)").tag(config=True)
 
         def preprocess(self, nb, resources=None, km=None):
             self._judge_session = None
             self._judge_verdicts: list[dict] = []
             self._judge_base = judge_seed(self.seed)
             self._judge_resources = resources or {}
+            self._judge_nb = nb
             try:
                 return super().preprocess(nb, resources, km)
             finally:
@@ -1138,6 +1171,7 @@ def _make_mixin():
                 if session is not None and session.dead:
                     verdict["message"] += " (the kernel died while being judged)"
                     self._judge_restart()
+                self._judge_reuse(cell, verdict)
             verdict.update(points=float(meta.get("points", 0) or 0), in_kernel_passed=in_kernel,
                            kernel_seconds=_cell_seconds(cell))
             verdict["disagrees"] = verdict["status"] != UNJUDGED and (verdict["status"] == PASSED) != in_kernel
@@ -1151,6 +1185,30 @@ def _make_mixin():
                 text = f"the trusted judge {what} this test: {verdict['message']}"
                 cell.outputs.append(new_output("error", ename="JudgeVerdict", evalue=text,
                                                traceback=[f"JudgeVerdict: {text}"]))
+
+        def _judge_reuse(self, cell, verdict: dict) -> None:
+            """Flag (and under reference_reuse='zero', fail) a cell whose learner functions reach
+            their exercise's reference, from the notebook's code before the cell and from what the
+            kernel observed during the judge's calls (course_grader.provenance)."""
+            try:
+                reuse = provenance.assess(self._judge_nb.cells[:self._judge_index], verdict,
+                                          zero=self.reference_reuse == "zero")
+            except Exception:  # a bug in the analysis must not stop the grading
+                self.log.exception("judge: the reference-reuse check crashed on %s", verdict.get("grade_id"))
+                return
+            if not reuse:
+                return
+            verdict["reference_reuse"] = reuse
+            self.log.warning("judge: %s reaches course_lib's reference %s%s", verdict.get("grade_id"),
+                             ", ".join(reuse["references"]) or "(call-time check switched off)",
+                             " (scored 0)" if reuse["zeroed"] else "")
+            if reuse["zeroed"] and self.enforce and not any(o.get("output_type") == "error" for o in cell.outputs):
+                from nbformat.v4 import new_output
+
+                text = (f"this test scores 0: the course does not accept course_lib's own reference "
+                        f"({', '.join(reuse['references'])}) as the exercise's answer")
+                cell.outputs.append(new_output("error", ename="ReferenceReuse", evalue=text,
+                                               traceback=[f"ReferenceReuse: {text}"]))
 
         def _judge_connect(self) -> KernelSession:
             if self._judge_session is None or not self._judge_session.usable:
@@ -1167,7 +1225,10 @@ def _make_mixin():
                 self._judge_session = None
             if hasattr(self, "kernel_died_in"):
                 # SandboxExecute's rule for a dead kernel: later cells are not run and get a
-                # KernelDied error; follow it rather than start a second kernel.
+                # KernelDied error; follow it rather than start a second kernel. A kernel the judge
+                # found dead may still run (its messages failed verification): stop it now.
+                with contextlib.suppress(Exception):
+                    blocking(self.km.shutdown_kernel)(now=True)
                 self.kernel_died_in = getattr(self, "_judge_index", None)
                 return
             if self.restart_dead_kernel:
@@ -1196,6 +1257,9 @@ def _make_mixin():
             record = {"protocol": remote.PROTOCOL, "student": info.get("student"),
                       "assignment": info.get("assignment"), "notebook": info.get("notebook"),
                       "judge_seed": self._judge_base, "cells": self._judge_verdicts}
+            with contextlib.suppress(Exception):   # exec, eval, computed imports: beyond the reuse check
+                record["dynamic_code"] = provenance.analyse(provenance.notebook_cells(self._judge_nb.cells)).dynamic
+            encodable_tree(record)         # learner text in messages: UTF-8 writers must not fail on it
             resources["course_judge"] = record
             if path == "-":                # keep the verdicts in memory only
                 return
@@ -1269,7 +1333,7 @@ def read_verdicts(folder: str | os.PathLike, student: str | None = None, assignm
         if path.is_symlink() or not path.is_file():
             continue
         try:
-            record = json.loads(path.read_text())
+            record = encodable_tree(json.loads(path.read_text()))  # the kernel could write it, unsandboxed
         except (OSError, ValueError):
             continue
         if not isinstance(record, dict) or not isinstance(record.get("cells"), list):
@@ -1293,7 +1357,8 @@ def apply_verdicts(db_url: str, records: list[dict], policy: str = "min", course
     ``points if passed else 0`` (policy "judge"), or the smaller of that and the kernel's score
     (policy "min", the default: a test the kernel failed stays failed, e.g. a spec-figure
     assert the judge does not evaluate, and a pass the judge refuses is 0). Unjudged cells keep
-    the kernel's score.
+    the kernel's score. A cell whose verdict says it reuses its exercise's reference and is to
+    score 0 (``reference_reuse.zeroed``, ``CourseJudge.reference_reuse = "zero"``) gets 0.
 
     Returns one dict per cell where the kernel's result and the judge's differ: learner, lab
     (assignment), notebook, cell, points, in_kernel (passed/failed), judge (status), score (new
@@ -1321,6 +1386,8 @@ def apply_verdicts(db_url: str, records: list[dict], policy: str = "min", course
                 in_kernel = bool(verdict.get("in_kernel_passed"))
                 kernel_score = points if in_kernel else 0.0
                 score = judged if policy == "judge" else min(judged, kernel_score)
+                if (verdict.get("reference_reuse") or {}).get("zeroed") is True:
+                    score = 0.0            # reference_reuse='zero': not a disagreement, the course's rule
                 grade.auto_score = score
                 if in_kernel != (status == PASSED):
                     flagged.append({"learner": record["student"], "lab": record["assignment"],

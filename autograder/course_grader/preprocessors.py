@@ -12,8 +12,29 @@ from nbgrader.preprocessors import DeduplicateIds, NbGraderPreprocessor, Overwri
 from traitlets import Unicode
 
 from .judge import redact
+from .text import encodable_tree
 
 STDERR_PREFIX = "[stderr]"
+
+
+class EncodableText(NbGraderPreprocessor):
+    """Make every string of the notebook encodable as UTF-8 (``course_grader.text.encodable``).
+
+    A lone surrogate (``'\\ud800'``) is legal in a Python string and in the notebook's JSON, but
+    nbconvert's writer encodes the notebook as UTF-8 and raises ``UnicodeEncodeError``, which
+    nbgrader reports as a failed autograde: the whole submission scores 0 and the stock path
+    deletes the autograded notebook. Learner code puts such text in a cell's outputs (an
+    exception message, a print) and a learner's editor can put it in a cell's source.
+
+    Runs last among the sanitize steps (the submitted notebook's sources and metadata) and right
+    after ``Execute`` (every output, the judge's verdict outputs and metadata included). Each lone
+    surrogate becomes its six-character escape ``\\ud800``, so the text stays visible; inside a
+    Python string literal the escape even means the same character.
+    """
+
+    def preprocess(self, nb, resources):
+        encodable_tree(nb)
+        return nb, resources
 
 
 class StderrToStdout(NbGraderPreprocessor):

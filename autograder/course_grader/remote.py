@@ -45,6 +45,10 @@ writes (attend_with_cache's cache, paged_append's pool and sequence) as it would
 while a change to any other argument (a checker's input or reference data) is not applied. Tokens fed through a Decoder's ``embed_tokens`` are counted kernel-side and
 replayed on the judge's model, so a checker's forward hook sees the same counts.
 
+A call may carry ``watch`` (``course_grader.provenance.watch_spec``: the code of the contract's
+reference functions); the kernel then profiles that call and answers with ``reached`` (the
+references whose code ran) and ``observed`` (``provenance.Observer``).
+
 Kernel side: ``serve()`` is the loop the judge's harness cell runs (see
 ``course_grader.judge``); messages travel on the Jupyter stdin channel as input_request
 prompts (kernel -> judge, prefixed by ``PROMPT``) and input_reply values (judge -> kernel).
@@ -944,8 +948,10 @@ def answer_call(ns: dict, request: dict, ask) -> dict:
                     pass
             handles.append(obj.embed_tokens.register_forward_hook(hook))
     grad = request.get("grad") is True
+    from course_grader.provenance import Observer    # which declared references' code runs (if asked)
+    observer = Observer(request.get("watch"))
     try:
-        with torch.set_grad_enabled(grad):
+        with torch.set_grad_enabled(grad), observer:
             result = fn(*args, **kwargs)
         out: dict = {"op": "returned"}
     except BaseException as exc:  # the learner's exception (KeyboardInterrupt included) is the answer
@@ -976,6 +982,7 @@ def answer_call(ns: dict, request: dict, ask) -> dict:
             state.append([oid, node])
     out["state"] = state
     out["embed"] = [[oid, c] for oid, c in counts.items()]
+    out.update(observer.report())
     return out
 
 

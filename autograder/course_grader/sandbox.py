@@ -78,6 +78,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import copy
 import errno
 import fcntl
@@ -719,6 +720,19 @@ class Sandbox:
         """The host uid the sandboxed processes run as (root mode), else None."""
         return self._lease.uid if self._lease else None
 
+    def lock_connection_folder(self, locked: bool = True) -> None:
+        """Root mode: make ``conn/`` root's (mode 0755) once the kernel has made its sockets there,
+        so sandboxed code cannot create files in it: the folder is a host folder bound read-write,
+        outside the sandbox's size-capped tmpfs, and RLIMIT_FSIZE caps each file but not their
+        number. LOCKED=False gives it back to the sandbox uid (before a kernel restart makes new
+        sockets). Does nothing in user-namespace mode, where the kernel's uid owns the host
+        folder anyway."""
+        if self._lease is None:
+            return
+        owner = 0 if locked else self._lease.uid
+        os.chown(self.conn_dir, owner, owner)
+        os.chmod(self.conn_dir, 0o755 if locked else 0o700)
+
     def close(self) -> None:
         """Remove the host folder and return the uid (idempotent)."""
         shutil.rmtree(getattr(self, "host_dir", "/nonexistent"), ignore_errors=True)
@@ -761,7 +775,7 @@ def run_sandboxed(command: Sequence[str], limits: SandboxLimits | None = None, *
 from jupyter_client.kernelspec import KernelSpec  # noqa: E402
 from jupyter_client.manager import AsyncKernelManager  # noqa: E402
 from jupyter_core.utils import ensure_async, run_sync  # noqa: E402
-from traitlets import Bool, Dict, Integer, List, Unicode  # noqa: E402
+from traitlets import Bool, Dict, Float, Integer, List, Unicode  # noqa: E402
 
 
 def blocking(fn: Callable | None) -> Callable | None:
@@ -822,11 +836,13 @@ def _warn_unreadable_cache_once(logger: Any) -> None:
 class SandboxKernelManager(AsyncKernelManager):
     """An AsyncKernelManager that starts an ipykernel inside a ``Sandbox``.
 
-    Whatever kernelspec the notebook names, the kernel is this Python's ipykernel
-    (``sys.executable -m ipykernel_launcher``), over IPC transport, with
-    ``interrupt_mode = "message"`` (a SIGINT to bwrap would kill the sandbox instead of
-    interrupting the cell). The ``cwd`` nbclient passes (the notebook's folder) is not
-    mounted: its regular non-notebook files are copied into the sandbox HOME.
+    Whatever kernelspec the notebook names, and whatever kernelspecs the user's Jupyter
+    set-up holds (``JUPYTER_PATH``, ``~/.local/share/jupyter``), the kernel is this Python's
+    ipykernel (``sys.executable -m ipykernel_launcher``), in unsafe mode too. Sandboxed, it
+    runs over IPC transport, with ``interrupt_mode = "message"`` (a SIGINT to bwrap would
+    kill the sandbox instead of interrupting the cell). The ``cwd`` nbclient passes (the
+    notebook's folder) is not mounted: its regular non-notebook files are copied into the
+    sandbox HOME.
 
     Config (traitlets, section ``SandboxKernelManager``): ``limits`` (dict of
     SandboxLimits fields), ``allow_unsafe`` (start plain, unsandboxed kernels when the
@@ -844,6 +860,10 @@ class SandboxKernelManager(AsyncKernelManager):
     devices = List(Unicode(), help="Host device files bound into the sandbox (e.g. /dev/nvidia0)").tag(config=True)
     env_passthrough = List(Unicode(), default_value=list(DEFAULT_ENV_PASSTHROUGH),
                            help="Host environment variables passed in (trailing * = prefix)").tag(config=True)
+    max_message_bytes = Integer(64 * MiB, help="Largest message part the grader's client parses; a larger "
+                                "one is refused unparsed and the kernel is taken for broken").tag(config=True)
+    max_message_elements = Integer(4 * 1024 * 1024, help="Most JSON elements (commas, brackets, braces) in "
+                                   "one message part the grader's client parses").tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -867,14 +887,20 @@ class SandboxKernelManager(AsyncKernelManager):
     def sandbox_limits(self) -> SandboxLimits:
         return SandboxLimits.from_dict(self.limits)
 
+    def client(self, **kwargs: Any) -> Any:
+        """A client (nbclient's) that refuses to parse an oversized message: see ``guard_session``."""
+        client = super().client(**kwargs)
+        guard_session(client.session, max_bytes=self.max_message_bytes, max_elements=self.max_message_elements)
+        return client
+
     @property
     def kernel_spec(self) -> KernelSpec | None:  # type: ignore[override]
-        if not self.sandboxed:
-            return super().kernel_spec
         if self._kernel_spec is None:
+            sandboxed = self.sandboxed
             self._kernel_spec = KernelSpec(
                 argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                display_name="Python 3 (sandboxed)", language="python", interrupt_mode="message",
+                display_name="Python 3 (sandboxed)" if sandboxed else "Python 3 (NOT sandboxed)",
+                language="python", interrupt_mode="message" if sandboxed else "signal",
                 env={}, metadata={}, resource_dir=str(HERE))
         return self._kernel_spec
 
@@ -899,6 +925,7 @@ class SandboxKernelManager(AsyncKernelManager):
                 self.log.warning("sandbox: not copied into the kernel's folder (too large): %s",
                                  ", ".join(self.sandbox.seed_skipped))
         box = self.sandbox
+        box.lock_connection_folder(False)     # a restart: the new kernel makes its sockets there
         self.transport = "ipc"
         self.connection_file = str(box.conn_dir / "kernel.json")
         self.ip = str(box.conn_dir / "kernel-ipc")
@@ -952,6 +979,12 @@ class SandboxKernelManager(AsyncKernelManager):
                            self.sandbox_limits.wall_seconds)
             proc.kill()
 
+    def kernel_ready(self) -> None:
+        """Call once a client saw the kernel answer (its sockets exist): locks the connection
+        folder (``Sandbox.lock_connection_folder``)."""
+        if self.sandbox is not None:
+            self.sandbox.lock_connection_folder()
+
     def kernel_log_tail(self, max_chars: int = 4000) -> str:
         """The end of the sandboxed kernel's own stdout/stderr ('' once cleaned up)."""
         try:
@@ -1000,15 +1033,10 @@ class SandboxKernelManager(AsyncKernelManager):
 
 
 def _message_bytes(msg: dict[str, Any]) -> int:
-    """Approximate size in bytes that an iopub message adds to a notebook."""
-    content = msg.get("content", {})
-    kind = msg.get("msg_type")
-    if kind == "stream":
-        return len(content.get("text", ""))
-    if kind == "error":
-        return sum(len(line) for line in content.get("traceback", [])) + len(str(content.get("evalue", "")))
-    data = content.get("data", {})
-    return sum(len(v) if isinstance(v, (str, bytes)) else len(str(v)) for v in data.values())
+    """Characters an iopub message adds to a notebook: its whole content as JSON (text, data,
+    metadata, ename, traceback and any other field learner code can fill), not only the fields a
+    viewer shows."""
+    return len(json.dumps(msg.get("content", {}), ensure_ascii=False, default=str))
 
 
 try:
@@ -1031,16 +1059,80 @@ def _kernel_died_output(message: str) -> Any:
     return _error_output(KERNEL_DIED, message)
 
 
+def protocol_breach(exc: BaseException) -> str | None:
+    """A one-line description when EXC was raised while reading a message from the kernel
+    (jupyter_client's ``Session.deserialize``/``unpack``: a wrong or repeated HMAC signature, a
+    malformed frame, content that is not JSON), else None.
+
+    Such a message cannot come from a working kernel: learner code broke the kernel's side of the
+    protocol (for instance by replacing builtins that its message signing or JSON packing relies
+    on, or by writing to its sockets). The grader treats that kernel as dead at once instead of
+    waiting for replies it cannot verify. Only the frames of ``jupyter_client.session`` count, so
+    a bug elsewhere in the grader is not blamed on the learner."""
+    tb = exc.__traceback__
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        if module == "jupyter_client.session":
+            text = " ".join(str(exc).split())
+            return f"{type(exc).__name__}: {text[:160]}" if text else type(exc).__name__
+        tb = tb.tb_next
+    return None
+
+
+def guard_session(session: Any, *, max_bytes: int, max_elements: int) -> None:
+    """Make jupyter_client SESSION refuse, before parsing, a message part over MAX_BYTES or with
+    more than about MAX_ELEMENTS JSON elements.
+
+    Parsed JSON costs far more memory than its text (about 60 bytes per ``[]``), and the grader's
+    client runs outside the sandbox: without this a kernel could display one 60 MB message of
+    empty lists and make the grader hold gigabytes. The refusal is a ``ValueError`` raised inside
+    ``Session.deserialize``, so ``protocol_breach`` reports it and the kernel is stopped as one
+    that broke the protocol (the per-cell output caps handle ordinary large outputs, which come
+    as many smaller messages)."""
+    unpack = session.unpack
+
+    def guarded(data: Any) -> Any:
+        size = data.nbytes if isinstance(data, memoryview) else len(data)
+        if size > max_bytes:
+            raise ValueError(f"a message part of {size:,} bytes is over the grader's limit of {max_bytes:,}")
+        raw = bytes(data) if isinstance(data, memoryview) else data
+        raw = raw.encode("utf-8", "replace") if isinstance(raw, str) else raw
+        elements = raw.count(b",") + raw.count(b"[") + raw.count(b"{")
+        if elements > max_elements:
+            raise ValueError(f"a message part with about {elements:,} JSON elements is over the grader's limit "
+                             f"of {max_elements:,}")
+        return unpack(data)
+
+    session.unpack = guarded
+
+
+PROTOCOL_BROKEN = "stopped speaking the Jupyter protocol"   # in every KernelDied text of a broken kernel
+
+
+def breach_message(detail: str) -> str:
+    """The KernelDied text for a kernel that broke the protocol (DETAIL says how)."""
+    return (f"the kernel {PROTOCOL_BROKEN} ({detail}): code run in this cell or an "
+            "earlier one broke the kernel's side of it (for example by replacing builtins it relies on), "
+            "so the kernel was stopped")
+
+
 if _Execute is not None:
     class SandboxExecute(_Execute):
-        """nbgrader's Execute with kernels from SandboxKernelManager and a cap on the
-        output one cell may add (``max_output_bytes``; past it, output is dropped and one
-        "[sandbox] output truncated" line is added). Every ``c.Execute`` setting applies.
+        """nbgrader's Execute with kernels from SandboxKernelManager and caps on the output
+        one cell and the whole notebook may add (``max_output_bytes``,
+        ``max_notebook_output_bytes``, counted over each message's whole content; past them,
+        output is dropped and one "[sandbox] output truncated" line is added to the cell).
+        Every ``c.Execute`` setting applies.
 
         What a cell can do to the notebook's grading is bounded:
 
         - a kernel that dies (os._exit, a segfault, a cap) records ``KernelDied`` in that
           cell and every later code cell: earlier cells keep their scores, later ones score 0;
+        - so does a kernel that stops speaking the protocol: the first message from it that
+          fails jupyter_client's checks (HMAC signature, framing, JSON; ``protocol_breach``)
+          stops it at once, as the judge does with its own channels, and so does a cell the
+          kernel reports finished (status idle) without its execute_reply following within
+          ``reply_grace`` seconds (learner code that broke the kernel's shell thread);
         - a cell past ``timeout`` is interrupted; if it ignores the interrupt (SIGINT
           ignored or swallowed), the kernel is killed and restarted, the cells before it are
           run again in the new kernel (their outputs kept from the first run), the cell gets a
@@ -1053,8 +1145,13 @@ if _Execute is not None:
 
         max_output_bytes = Integer(16 * MiB, help="Bytes of output one cell may add to the notebook"
                                    ).tag(config=True)
+        max_notebook_output_bytes = Integer(64 * MiB, help="Bytes of output all cells together may add "
+                                            "to the notebook (what the feedback page must render)").tag(config=True)
         max_kernel_restarts = Integer(1, help="Times a kernel wedged by a cell that ignores the timeout "
                                       "interrupt is killed, restarted and replayed up to that cell").tag(config=True)
+        reply_grace = Float(10.0, help="Seconds a cell's execute_reply may come after the kernel reported "
+                            "the cell finished (status idle); past that its shell is taken for broken and the "
+                            "kernel is stopped").tag(config=True)
 
         def __init__(self, **kwargs: Any) -> None:
             kwargs.setdefault("kernel_manager_class", SandboxKernelManager)
@@ -1067,6 +1164,8 @@ if _Execute is not None:
             self.kernel_restarts = 0
             self._current_index: int | None = None
             self._input_refused: set[int] = set()
+            self._idle_at: float | None = None       # when the running cell's status went idle
+            self._broken: str | None = None          # why the running kernel was taken for broken
 
         def preprocess_cell(self, cell: Any, resources: Any, index: int) -> Any:
             """Run one cell under the rules in the class docstring. (nbconvert's
@@ -1084,9 +1183,15 @@ if _Execute is not None:
                 pristine.outputs = []
                 self._ran.append((index, pristine))
             self._current_index = index
+            self._idle_at, self._broken = None, None
             try:
                 cell, resources = super().preprocess_cell(cell, resources, index)
             except DeadKernelError:
+                if self._broken is not None:
+                    self.stop_broken_kernel(index)
+                    cell.outputs = list(cell.get("outputs", [])) + [_kernel_died_output(
+                        breach_message(self._broken))]
+                    return cell, resources
                 self.kernel_died_in = index
                 cell.outputs = list(cell.get("outputs", [])) + [_kernel_died_output(
                     "the kernel died while this cell ran (os._exit, a crash, or a sandbox limit)")]
@@ -1096,6 +1201,15 @@ if _Execute is not None:
                     "CellTimeoutError", f"this cell ran past its {self.timeout} s limit and ignored the interrupt; "
                     "its kernel was killed")]
                 self._recover_from_wedged_kernel(index, resources)
+                return cell, resources
+            except Exception as exc:
+                detail = protocol_breach(exc)
+                if detail is None:
+                    raise
+                self.log.warning("sandbox: cell %d: a message from the kernel failed the protocol check (%s); "
+                                 "the kernel is stopped and later cells are not run", index, detail)
+                self.stop_broken_kernel(index)
+                cell.outputs = list(cell.get("outputs", [])) + [_kernel_died_output(breach_message(detail))]
                 return cell, resources
             finally:
                 self._current_index = None
@@ -1131,9 +1245,26 @@ if _Execute is not None:
             self._not_run_reason = (f"not run: cell {index} ignored the timeout interrupt and its kernel was "
                                     "killed")
 
+        def stop_broken_kernel(self, index: int) -> None:
+            """Kill the kernel at once (no shutdown request: it could not be answered in a way we can
+            verify) and record the later cells as not run, as for a kernel that died in cell INDEX."""
+            with contextlib.suppress(Exception):
+                run_sync(self.km.shutdown_kernel)(now=True)
+            self.kernel_died_in = index
+            self._not_run_reason = (f"not run: the kernel {PROTOCOL_BROKEN} in cell {index} "
+                                    "and was stopped")
+
         def _wait_iopub_ready(self, tries: int = 20) -> None:
             if not iopub_ready(self.kc, tries):
                 raise SandboxError("the restarted kernel's output channel did not come back")
+            self.km.kernel_ready()
+
+        def start_new_kernel_client(self) -> Any:
+            """nbclient's start (the synchronous entry nbconvert's preprocess calls), then the
+            connection folder locked (``kernel_ready``)."""
+            client = super().start_new_kernel_client()
+            self.km.kernel_ready()
+            return client
 
         async def _async_poll_kernel_alive(self) -> None:
             """nbclient's once-a-second liveness poll, plus: an input_request on stdin (which is
@@ -1149,6 +1280,14 @@ if _Execute is not None:
                     assert self.task_poll_for_reply is not None
                     self.task_poll_for_reply.cancel()
                     return
+                if self._idle_at is not None and time.monotonic() - self._idle_at > self.reply_grace \
+                        and self.task_poll_for_reply is not None and not self.task_poll_for_reply.done():
+                    # the kernel said the cell finished but its shell never replied: a working
+                    # kernel sends the reply before the idle status
+                    self._broken = (f"the cell finished (status idle) but no execute_reply came in "
+                                    f"{self.reply_grace:.0f} s")
+                    self.task_poll_for_reply.cancel()
+                    return
                 while True:
                     try:
                         msg = await ensure_async(self.kc.stdin_channel.get_msg(timeout=0))
@@ -1157,6 +1296,14 @@ if _Execute is not None:
                     if msg.get("msg_type") == "input_request" and self._current_index is not None:
                         self._input_refused.add(self._current_index)
                         await ensure_async(self.km.interrupt_kernel())
+
+        def process_message(self, msg: dict, cell: Any, cell_index: int) -> Any:
+            """nbclient's handler of the running cell's output messages; notes when the kernel
+            reports the cell idle, for the reply check in ``_async_poll_kernel_alive``."""
+            content = msg.get("content") or {}
+            if msg.get("msg_type") == "status" and content.get("execution_state") == "idle":
+                self._idle_at = time.monotonic()
+            return super().process_message(msg, cell, cell_index)
 
         def _reset_output_count(self, cell_index: int) -> None:
             self._sandbox_out.pop(cell_index, None)
@@ -1167,13 +1314,15 @@ if _Execute is not None:
                 self._reset_output_count(cell_index)
             size = _message_bytes(msg)
             used = self._sandbox_out.get(cell_index, 0)
-            if used + size > self.max_output_bytes:
+            total = sum(self._sandbox_out.values())
+            over = (f"this cell printed more than {self.max_output_bytes} bytes" if used + size > self.max_output_bytes
+                    else f"the notebook's cells printed more than {self.max_notebook_output_bytes} bytes"
+                    if total + size > self.max_notebook_output_bytes else "")
+            if over:
                 if cell_index not in self._sandbox_truncated:
                     self._sandbox_truncated.add(cell_index)
                     from nbformat.v4 import new_output
-                    outs.append(new_output("stream", name="stdout",
-                                           text=f"\n[sandbox] output truncated: this cell printed more than "
-                                                f"{self.max_output_bytes} bytes\n"))
+                    outs.append(new_output("stream", name="stdout", text=f"\n[sandbox] output truncated: {over}\n"))
                 return None
             self._sandbox_out[cell_index] = used + size
             return super().output(outs, msg, display_id, cell_index)

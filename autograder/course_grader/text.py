@@ -1,0 +1,101 @@
+"""Text that comes from learner code, made safe to store and to show.
+
+Learner code decides the text of its exceptions, prints, displayed values, names and even
+the bytes of its notebook's JSON. Two kinds of text break the grading pipeline if they are
+stored as they come:
+
+- a lone surrogate (``'\\ud800'``: a code point that is half of a UTF-16 pair, legal in a
+  Python ``str`` and in JSON's ``\\uXXXX`` escapes, but with no UTF-8 encoding) makes every
+  UTF-8 writer raise ``UnicodeEncodeError``: the autograded notebook, the judge's verdicts,
+  the gradebook export and the driver's CSV tables. One such character in one exception
+  message used to fail the whole submission;
+- control characters (terminal escapes, carriage returns, newlines) in a name or a note
+  move the cursor or forge rows when printed in a table.
+
+``encodable`` fixes the first kind where learner text enters (the notebook as submitted,
+each message from the kernel, the judge's records); ``printable`` the second, where the
+driver prints or writes a one-line cell. Both keep the offending code point visible as an
+escape (``\\ud800``, ``\\x1b``) rather than dropping it, so nothing the learner wrote is lost
+from view.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# Code points that UTF-8 cannot encode: the surrogate range U+D800..U+DFFF (Python strings may
+# hold them alone; os.fsdecode also makes U+DC80..U+DCFF from undecodable file-name bytes).
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def encodable(text: str) -> str:
+    """TEXT with every lone surrogate replaced by its escape (``'\\ud800'`` becomes the six
+    characters ``\\ud800``), so that ``text.encode("utf-8")`` cannot fail. Other text is returned
+    unchanged (the same object when there is nothing to replace).
+
+    Raises:
+        TypeError: TEXT is not a str.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"encodable() takes a str, got {type(text).__name__}")
+    if not _SURROGATE.search(text):
+        return text
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def encodable_tree(obj: Any) -> Any:
+    """OBJ (nested dicts, lists and tuples of str, numbers, bools and None, as JSON and nbformat
+    hold them) with ``encodable`` applied to every string, keys included. Dicts and lists are
+    changed in place, so a notebook node keeps its class; the object is also returned."""
+    if isinstance(obj, str):
+        return encodable(obj)
+    if isinstance(obj, dict):
+        for key in list(obj):
+            value = encodable_tree(obj[key])
+            if isinstance(key, str) and _SURROGATE.search(key):
+                del obj[key]
+                obj[encodable(key)] = value
+            else:
+                obj[key] = value
+        return obj
+    if isinstance(obj, list):
+        obj[:] = [encodable_tree(item) for item in obj]
+        return obj
+    if isinstance(obj, tuple):
+        return tuple(encodable_tree(item) for item in obj)
+    return obj
+
+
+def printable(text: Any) -> str:
+    """TEXT (made a str) on one safe line: control characters (terminal escapes, newlines,
+    bells) shown as ``\\xNN`` and lone surrogates as ``\\uXXXX``. For names and notes taken from a
+    submission, which must not move the cursor, forge rows in a table or CSV, or fail a UTF-8
+    write."""
+    return encodable(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text)))
+
+
+def parse_python(source: str, filename: str = "<unknown>"):
+    """``ast.parse(SOURCE)``, retried once with the garbage collector paused after a spurious
+    ``SystemError``.
+
+    CPython 3.11 before 3.11.8 can raise ``SystemError: AST constructor recursion depth
+    mismatch`` from a parse that is fine (python/cpython#106905), in threaded programs such as
+    the grader (kernel managers, ZeroMQ, timers); a second parse of the same text succeeds.
+
+    Raises:
+        SyntaxError, ValueError: as ``ast.parse``; SystemError if the second parse fails too.
+    """
+    import ast
+    import gc
+
+    try:
+        return ast.parse(source, filename)
+    except SystemError:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return ast.parse(source, filename)
+        finally:
+            if enabled:
+                gc.enable()
