@@ -68,6 +68,11 @@ class ExerciseNeeded(RuntimeError):
         self.missing = missing
         self.unsolved = unsolved
 
+    def _render_traceback_(self) -> list[str]:
+        """How IPython and Jupyter show it: the message alone, without the frames of the library
+        code that raised it (the message says what to do; the cell is the one that failed)."""
+        return [f"{type(self).__name__}: {self}"]
+
 
 def _source(cell: Mapping) -> str:
     source = cell.get("source", "")
@@ -231,6 +236,9 @@ def requires(*names: str, namespace: Mapping[str, Any] | None = None) -> None:
         clauses = [f"{_names(group)} {state(len(group) == 1)}"
                    for group, state in ((unsolved, _unwritten), (missing, _undefined)) if group]
         what = f"your {_names(names)}: " + "; ".join(clauses)
-    raise ExerciseNeeded(f"this cell needs {what}. Solve that exercise (the table in the notebook's first cell "
-                         "says which one asks for each function), run its cell and the check below it, then rerun "
-                         "this cell.", missing=missing, unsolved=unsolved)
+    several = len(missing) + len(unsolved) > 1
+    exercise, cells = ("those exercises", "their cells and the checks below them") if several else \
+        ("that exercise", "its cell and the check below it")
+    raise ExerciseNeeded(f"this cell needs {what}. Solve {exercise} (the table in the notebook's first cell "
+                         f"says which one asks for each function), run {cells}, then rerun this cell.",
+                         missing=missing, unsolved=unsolved)

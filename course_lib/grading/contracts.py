@@ -239,12 +239,22 @@ def check_significant(actual, expected: float, *, figures: int = 4, what: str = 
 
 
 def check_own_function(name: str, fn) -> None:
-    """Refuse what is not a callable, and course_lib's own reference passed off as the learner's
-    (this catches direct reuse only; a wrapper around it is not detected).
+    """Refuse what is not a callable, an exercise not written yet, and course_lib's own reference
+    passed off as the learner's (direct reuse; the grader flags wrappers around a reference from
+    the solution cells and the calls it watches, ``course_grader.provenance``).
 
-    Raises: ContractError naming the function."""
+    Raises:
+        ContractError: FN is not callable, or is course_lib's function.
+        ExerciseNeeded: FN is still nbgrader's unsolved stub (``course_lib.exercises``): the check
+            stops before drawing any case, with one line saying what to do.
+    """
+    from ..exercises import ExerciseNeeded, is_unsolved_stub
+
     if not callable(fn):
         raise ContractError(f"{name} must be a function, got {type(fn).__qualname__}")
+    if is_unsolved_stub(fn):
+        raise ExerciseNeeded(f"`{name}` is not written yet (it still raises NotImplementedError): write it in its "
+                             "exercise cell, run that cell, then rerun this check.", unsolved=(name,))
     if str(getattr(fn, "__module__", "") or "").startswith("course_lib"):
         raise ContractError(f"{name} is course_lib's reference {fn.__module__}.{getattr(fn, '__qualname__', '')}; "
                             "the exercise asks for your own implementation")
