@@ -350,3 +350,21 @@ def test_learner_settings_keep_the_users_own_jupyter_config_path(clean_user_conf
     env["JUPYTER_CONFIG_PATH"] = str(tmp_path / "users-own")
     proc = run_make(['$(LAB_ENV) sh -c \'echo "$$JUPYTER_CONFIG_PATH"\''], env=env)
     assert proc.stdout.strip() == f"{ROOT / 'jupyter'}{os.pathsep}{tmp_path / 'users-own'}", proc.stdout
+
+
+@needs_make
+def test_learner_assignment_list_reads_an_exchange_it_can_use(clean_user_config, tmp_path):
+    """The Assignments panel (nbgrader list) under the learner settings: a working, empty
+    exchange inside the checkout, not nbgrader's unwritable system default. Run on a copy of
+    jupyter/ so the exchange lands in the temporary folder."""
+    _, env = clean_user_config
+    shutil.copytree(ROOT / "jupyter", tmp_path / "jupyter")
+    nbgrader = [str(COURSE_VENV / "bin" / "nbgrader"), "list"]
+    plain = subprocess.run(nbgrader, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    learner = subprocess.run(nbgrader, cwd=tmp_path, env=dict(env, JUPYTER_CONFIG_PATH=str(tmp_path / "jupyter")),
+                             capture_output=True, text=True, timeout=120)
+    exchange = tmp_path / "autograder" / "work" / "exchange"
+    if not Path("/usr/local/share/nbgrader/exchange").is_dir():   # the stock default is unusable here
+        assert plain.returncode != 0 and "exchange" in plain.stdout + plain.stderr
+    assert learner.returncode == 0, learner.stdout + learner.stderr
+    assert exchange.is_dir() and (exchange.stat().st_mode & 0o1777) == 0o1777
