@@ -39,7 +39,8 @@ def run(convert: bool = False, cache_dir=None, hub_cache_dir=None) -> int:
     mode = triton_mode()      # one definition of the modes, shared with the kernels
     reason = mode.reason
     if mode == "unavailable" and importlib.util.find_spec("triton") is not None:
-        reason += "; set TRITON_INTERPRET=1 before importing triton to run kernels in the interpreter"
+        reason += ("; the notebooks set TRITON_INTERPRET=1 before importing triton, so their kernels run in "
+                   "Triton's interpreter on this CPU (set it yourself elsewhere)")
     rows = [("python", f"{platform.python_version()} ({sys.executable})"),
             ("torch", torch.__version__),
             ("transformers", _version("transformers") or "not installed"),
