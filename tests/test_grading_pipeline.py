@@ -195,6 +195,11 @@ def test_cell_timeout_fails_only_that_cell(pipeline):
     cells = read_grades(pipeline["work1"], "grades_per_test.csv")
     frank = cells[cells.learner == "frank"].set_index("cell")["score"].to_dict()
     assert frank == {"test_visible": 1.0, "test_hidden": 0.0}
+    # the per-test table says why a cell lost its points, without opening the feedback
+    outcome = cells[cells.learner == "frank"].set_index("cell")["outcome"].to_dict()
+    assert outcome["test_visible"] == "passed" and outcome["test_hidden"].startswith("CellTimeoutError: "), outcome
+    gina = cells[cells.learner == "gina"].set_index("cell")["outcome"].to_dict()
+    assert all(text.startswith("KernelDied: ") for text in gina.values()), gina
     autograded = pipeline["work1"] / "course" / "autograded" / "frank" / LAB / f"{LAB}.ipynb"
     assert "CellTimeoutError" in autograded.read_text()
 
@@ -511,3 +516,22 @@ def test_one_slow_feedback_page_costs_only_its_own_learner(tmp_path):
                                      ["generate_feedback", "01_x", "--student", "bob", "--force"],
                                      ["generate_feedback", "01_x", "--student", "cat", "--force"]]
     assert calls[0][1] == driver.FEEDBACK_SECONDS + 3 * driver.FEEDBACK_SECONDS_PER_LEARNER
+
+
+def test_a_learner_folder_whose_name_is_not_utf8_is_a_row_error(tmp_path):
+    """A folder name with bytes UTF-8 cannot decode (Python reads it with lone surrogates) is an
+    error row; the others are graded and every table of the batch can be written."""
+    driver = load_driver()
+    lab = "01_roofline"
+    release = REPO / "labs" / lab / f"{lab}.ipynb"
+    bad = os.fsdecode(b"bad\xffname")
+    for learner in (bad, "good"):
+        folder = tmp_path / "submitted" / learner / lab
+        folder.mkdir(parents=True)
+        (folder / f"{lab}.ipynb").write_bytes(release.read_bytes())
+    rows = {r.learner: r for r in driver.find_submissions(tmp_path / "submitted", {lab})}
+    assert "not UTF-8" in rows[bad].error and rows["good"].error == ""
+    table = driver.totals_table(list(rows.values()))
+    table.to_csv(tmp_path / "grades.csv", index=False)          # no UnicodeEncodeError
+    assert "bad\\udcffname" in set(table.learner)
+    assert driver.judge.sha256_seed(7, bad, lab) != driver.judge.sha256_seed(7, "good", lab)

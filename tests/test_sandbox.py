@@ -645,3 +645,21 @@ def test_the_connection_folder_is_closed_to_the_kernel_once_it_is_ready():
     assert json_of(nb.cells[0]) == {"wrote": False, "errno": errno.EACCES}
     assert [o.ename for o in nb.cells[1].outputs if o.output_type == "error"] == ["CellTimeoutError"]
     assert json_of(nb.cells[2]) == {"wrote": False, "errno": errno.EACCES}      # after the restart too
+
+
+@needs_sandbox
+def test_a_display_update_is_charged_for_every_output_it_rewrites():
+    """update_display_data rewrites every earlier output with its display id: 100 small displays
+    then one 100 kB update would add 10 MB past a 50 kB cap; the update is dropped instead."""
+    grow = ("from IPython.display import display, update_display\n"
+            "for _ in range(100):\n    display({'text/plain': '.'}, raw=True, display_id='grow')\n"
+            "update_display({'text/plain': 'U' * 100_000}, raw=True, display_id='grow')")
+    nb = new_notebook(cells=[new_code_cell(grow), new_code_cell("print('after')")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    config = Config()
+    config.SandboxKernelManager.limits = sb.SandboxLimits(wall_seconds=120).to_dict()
+    pre = sb.SandboxExecute(config=config, timeout=60, max_output_bytes=50_000)
+    nb, _ = pre.preprocess(nb, {})
+    assert len(json.dumps(nb.cells[0].outputs)) < 50_000
+    assert "a display update would rewrite" in text_of(nb.cells[0])
+    assert text_of(nb.cells[1]) == "after\n"

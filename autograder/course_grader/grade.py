@@ -70,7 +70,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import judge, provenance, sandbox
-from .text import printable
+from .text import ANSI, encodable, printable
 from .paths import BASE_CONFIG, REPO_ROOT
 
 DEFAULT_ROOT = REPO_ROOT
@@ -195,6 +195,8 @@ def learner_id_problem(learner: str) -> str:
         return "learner id contains a glob character (* ? [ ]), which nbgrader's --student treats as a pattern"
     if any(ord(ch) < 32 for ch in learner):
         return "learner id contains a control character"
+    if encodable(learner) != learner:
+        return "learner id is not UTF-8 text (its folder name has bytes UTF-8 cannot decode)"
     return ""
 
 
@@ -538,14 +540,40 @@ def read_scores(db: Path, course_id: str, row: Submission) -> None:
         ]
 
 
+def _notebook_cells(notebook: Path) -> list[dict]:
+    """The cells of an autograded notebook ([] when it cannot be read)."""
+    try:
+        cells = json.loads(notebook.read_text()).get("cells", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [c for c in cells if isinstance(c, dict)] if isinstance(cells, list) else []
+
+
+
+
+def cell_outcomes(notebook: Path) -> dict[str, str]:
+    """grade_id -> why each graded cell of an autograded notebook failed: its first error's
+    ``ename: first line of the message`` (at most 160 characters), "" for a cell without an error.
+    For the per-test table, so "wrong" (ContractError and its diagnosis), "not attempted"
+    (ExerciseNeeded, NotImplementedError) and "crashed" read apart without the feedback page."""
+    outcomes = {}
+    for cell in _notebook_cells(notebook):
+        grade_id = (cell.get("metadata", {}).get("nbgrader") or {}).get("grade_id")
+        if not grade_id or cell.get("cell_type") != "code":
+            continue
+        errors = [o for o in cell.get("outputs", []) if isinstance(o, dict) and o.get("output_type") == "error"]
+        if errors:
+            first = ANSI.sub("", str(errors[0].get("evalue", ""))).strip().split("\n")[0]
+            outcomes[grade_id] = printable(f"{errors[0].get('ename', 'Error')}: {first}")[:160]
+        else:
+            outcomes[grade_id] = ""
+    return outcomes
+
+
 def kernel_death(notebook: Path) -> str:
     """'' or a note naming the cell where the sandbox recorded that the kernel died (the cells
     graded before it kept their scores; the later ones scored 0)."""
-    try:
-        nb = json.loads(notebook.read_text())
-    except (OSError, ValueError):
-        return ""
-    for index, cell in enumerate(nb.get("cells", [])):
+    for index, cell in enumerate(_notebook_cells(notebook)):
         for output in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
             if output.get("output_type") == "error" and output.get("ename") == "KernelDied":
                 grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
@@ -678,7 +706,11 @@ def grade_shard(course: Path, row: Submission, course_id: str, env: dict[str, st
             return
         read_scores(shard / "gradebook.db", course_id, row)
         row.graded = True
-        row.error = kernel_death(shard / "autograded" / row.learner / row.lab / f"{row.lab}.ipynb")
+        autograded = shard / "autograded" / row.learner / row.lab / f"{row.lab}.ipynb"
+        row.error = kernel_death(autograded)
+        outcomes = cell_outcomes(autograded)
+        for cell in row.cells:
+            cell["outcome"] = outcomes.get(cell["cell"], "")
     finally:
         row.seconds = time.monotonic() - start
 
@@ -786,8 +818,8 @@ def check_merge(course: Path, rows: list[Submission], course_id: str) -> None:
 
 def totals_table(rows: list[Submission]) -> pd.DataFrame:
     return pd.DataFrame(
-        [{"learner": r.learner, "lab": r.lab, "score": r.score, "max_score": r.max_score, "error": printable(r.error),
-          "seed": r.seed, "judge_flags": len(r.judge_flags), "flags": printable("; ".join(flag_notes(r)))}
+        [{"learner": printable(r.learner), "lab": printable(r.lab), "score": r.score, "max_score": r.max_score,
+          "error": printable(r.error), "seed": r.seed, "judge_flags": len(r.judge_flags), "flags": printable("; ".join(flag_notes(r)))}
          for r in sorted(rows, key=lambda r: (r.learner, r.lab))],
         columns=["learner", "lab", "score", "max_score", "error", "seed", "judge_flags", "flags"],
     ).astype({"seed": "Int64"})
@@ -808,14 +840,18 @@ def flag_notes(row: Submission) -> list[str]:
 
 
 def cells_table(rows: list[Submission]) -> pd.DataFrame:
-    """Per graded cell: `score` is nbgrader's auto_score (0 when it has none)."""
+    """Per graded cell: `score` is nbgrader's auto_score (0 when it has none); `outcome` is
+    "passed", or the cell's first error (``cell_outcomes``), or "failed" when it scored less
+    without one (the judge's verdict lowered it in the gradebook)."""
     records = []
     for r in sorted(rows, key=lambda r: (r.learner, r.lab)):
         for c in r.cells:
             auto = c["auto_score"]
-            records.append({"learner": r.learner, "lab": r.lab, "cell": c["cell"],
-                            "score": 0.0 if auto is None else float(auto), "max_score": c["max_score"]})
-    return pd.DataFrame(records, columns=["learner", "lab", "cell", "score", "max_score"])
+            score = 0.0 if auto is None else float(auto)
+            outcome = c.get("outcome", "") or ("passed" if score >= c["max_score"] else "failed")
+            records.append({"learner": printable(r.learner), "lab": printable(r.lab), "cell": c["cell"],
+                            "score": score, "max_score": c["max_score"], "outcome": outcome})
+    return pd.DataFrame(records, columns=["learner", "lab", "cell", "score", "max_score", "outcome"])
 
 
 def read_csv_text(path: Path) -> pd.DataFrame:
@@ -955,8 +991,9 @@ def run(args: argparse.Namespace) -> int:
         cells.to_csv(args.work / "grades_per_test.csv", index=False)
         print("\nPer graded cell:\n" + show(cells))
     attention = totals[((totals["error"] != "") & (totals["error"] != NOT_SUBMITTED)) | (totals["flags"] != "")]
+    print(f"\n{len(attention)} row(s) to look at (errors other than 'not submitted', or flags)"
+          + (":" if len(attention) else "."))
     if not attention.empty:
-        print(f"\n{len(attention)} row(s) to look at (errors other than 'not submitted', or flags):")
         by_key = {(r.learner, r.lab): r for r in rows}
         for r in attention.itertuples():
             row = by_key[(r.learner, r.lab)]

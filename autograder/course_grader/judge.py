@@ -753,8 +753,8 @@ def sha256_seed(*parts, sep: str = "\0") -> int:
     """A 32-bit seed derived from ``parts``: the first 4 bytes (little-endian) of the sha256 of
     their text joined by ``sep``. Every seed the grader derives from another (the judge's per-cell
     seeds here, the driver's per-submission seeds in ``grade``) goes through it."""
-    text = sep.join(str(p) for p in parts)
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
+    text = sep.join(str(p) for p in parts)   # surrogatepass: text with lone surrogates (undecodable file names)
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:4], "little")
 
 
 def derived_seed(base: int, *parts) -> int:

@@ -12,7 +12,7 @@ from nbgrader.preprocessors import DeduplicateIds, NbGraderPreprocessor, Overwri
 from traitlets import Unicode
 
 from .judge import redact
-from .text import encodable_tree
+from .text import ANSI, encodable_tree
 
 STDERR_PREFIX = "[stderr]"
 
@@ -93,7 +93,6 @@ class DisplayedValuesAreNotScores(NbGraderPreprocessor):
         return cell, resources
 
 
-ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 REDACTED = "      ... (hidden test lines not shown)"
 

@@ -1327,6 +1327,30 @@ if _Execute is not None:
             self._sandbox_out[cell_index] = used + size
             return super().output(outs, msg, display_id, cell_index)
 
+        def _update_display_id(self, display_id: str, msg: dict) -> None:
+            """nbclient rewrites every earlier output carrying DISPLAY_ID (in any cell) with the new
+            data: charge the new size once per output it rewrites, to the running cell, against
+            both caps, and drop the update past them. Without this, one large update of a display
+            id shown many times multiplied past every cap in the notebook the grader writes."""
+            targets = sum(len(indices) for indices in self._display_id_map.get(display_id, {}).values())
+            index = self._current_index
+            if targets and index is not None:
+                size = _message_bytes(msg) * targets
+                used, total = self._sandbox_out.get(index, 0), sum(self._sandbox_out.values())
+                over = (f"a display update would rewrite {targets} outputs, more than {self.max_output_bytes} "
+                        "bytes for this cell" if used + size > self.max_output_bytes else
+                        f"a display update would take the notebook past {self.max_notebook_output_bytes} bytes"
+                        if total + size > self.max_notebook_output_bytes else "")
+                if over:
+                    if index not in self._sandbox_truncated:
+                        self._sandbox_truncated.add(index)
+                        from nbformat.v4 import new_output
+                        self.nb.cells[index].outputs.append(new_output(
+                            "stream", name="stdout", text=f"\n[sandbox] output truncated: {over}\n"))
+                    return
+                self._sandbox_out[index] = used + size
+            super()._update_display_id(display_id, msg)
+
         def clear_output(self, outs: list, msg: dict, cell_index: int) -> None:
             super().clear_output(outs, msg, cell_index)
             if not msg.get("content", {}).get("wait"):

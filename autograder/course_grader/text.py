@@ -27,6 +27,8 @@ from typing import Any
 # hold them alone; os.fsdecode also makes U+DC80..U+DCFF from undecodable file-name bytes).
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: A terminal colour or cursor escape, as IPython puts in tracebacks.
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def encodable(text: str) -> str:
