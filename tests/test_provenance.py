@@ -369,3 +369,174 @@ def test_the_driver_scores_the_wrapped_tests_0_under_reference_reuse_zero(tmp_pa
             assert r["flags"].count("reuses reference") == r["flags"].count("; scored 0)") > 0, r["flags"]
     for test, reference in hostile.EXPECTED_REUSE[("reference_wrappers", hostile.L1)].items():
         assert re.search(rf"reuses reference [^\n]*{re.escape(reference)}[^\n]* in {test} ", run.stdout), test
+
+
+# == routes the analysis cannot read, guarded modules, threads, the work budget ======================
+OPAQUE = {
+    "__getattribute__ with a constant": [HEADER + DEF + "roofline.__getattribute__('kv_bytes_per_token')(c, b)"],
+    "__getattribute__ with a computed name": [HEADER + "n = 'kv_bytes_' + 'per_token'\n"
+                                              + DEF + "roofline.__getattribute__(n)(c, b)"],
+    "object.__getattribute__": [HEADER + DEF + "object.__getattribute__(roofline, 'kv_bytes_per_token')(c, b)"],
+    "vars().get": [HEADER + DEF + "vars(roofline).get('kv_bytes_' + 'per_token')(c, b)"],
+    "__dict__ with a computed key": [HEADER + "k = 'kv'\n" + DEF + "roofline.__dict__[k + '_bytes_per_token'](c, b)"],
+    "getattr with a computed name": [HEADER + "k = 'kv'\n" + DEF + "getattr(roofline, k + '_bytes_per_token')(c, b)"],
+    "operator.attrgetter": ["import operator\nimport course_lib\n"
+                            + DEF + "operator.attrgetter('roofline.kv_bytes_per_token')(course_lib)(c, b)"],
+    "attrgetter with a computed name": ["from operator import attrgetter\nfrom course_lib import roofline\n"
+                                        "n = 'kv_bytes_per_token'\n" + DEF + "attrgetter(n)(roofline)(c, b)"],
+    "iterating sys.modules": ["import sys\n" + DEF + "[getattr(m, 'kv_bytes_per_token', None) "
+                              "for m in sys.modules.values()][0](c, b)"],
+}
+
+
+@pytest.mark.parametrize("how", sorted(OPAQUE))
+def test_a_route_whose_key_is_unreadable_counts_as_reaching_the_module(how):
+    assert reached(OPAQUE[how]) == [KV], how
+
+
+@pytest.mark.parametrize("code, what", [
+    ("import sys as _s\n_s.setprofile = lambda f: None", "`_s.setprofile` rebound"),
+    ("import sys\n_s = sys\n_s.getprofile = lambda: None", "`_s.getprofile` rebound"),
+    ("import threading\ndel threading.setprofile", "`threading.setprofile` rebound or deleted"),
+    ("import builtins\nbuiltins.getattr = lambda *a: 0", "`builtins.getattr` rebound"),
+    ("import sys\nsetattr(sys, 'setprofile', print)", "setattr(sys, 'setprofile', print)"),
+    ("import sys\nvars(sys)['setprofile'] = print", "rebound"),
+    ("import course_lib.roofline as r\nr.kv_bytes_per_token = len", "`r.kv_bytes_per_token` rebound"),
+    ("import course_grader.provenance as p\np.Observer = None", "`p.Observer` rebound"),
+    ("import threading\nt = threading.Thread(target=print)", "threading.Thread() (code run beside"),
+    ("from concurrent.futures import ThreadPoolExecutor\npool = ThreadPoolExecutor(2)",
+     "concurrent.futures.ThreadPoolExecutor()"),
+    ("import multiprocessing as mp\np = mp.Process(target=print)", "multiprocessing.Process()"),
+    ("import _thread\n_thread.start_new_thread(print, ())", "_thread.start_new_thread()"),
+    ("import threading\nclass W(threading.Thread):\n    pass", "a subclass of threading.Thread"),
+])
+def test_switching_the_check_off_or_running_code_beside_the_call_is_reported(code, what):
+    notes = dynamic(code)
+    assert any(what in n for n in notes), notes
+
+
+@pytest.mark.parametrize("code", [
+    "import math\nmath.tau2 = 2 * math.tau",
+    "import sys\nsys.path.append('.')",
+    "import threading\nlock = threading.Lock()",
+])
+def test_writes_to_other_modules_are_not_reported(code):
+    assert dynamic(code) == []
+
+
+def _chain(n: int) -> str:
+    """A never-run block whose values nest one level deeper per line (v_i holds i tracked objects
+    without a cap)."""
+    return "import os\nv0 = os.a0\n" + "".join(f"v{i} = (v{i - 1}, os.a{i})\n" for i in range(1, n))
+
+
+def test_a_long_chain_of_nested_values_is_bounded_and_reported():
+    n = 20_000
+    analysis = provenance.analyse([("big", _chain(n))])
+    assert analysis.steps < 10 * n                       # linear work: a handful of steps per line
+    assert max(len(v.values) + len(v.mentions) for v in analysis.module.bindings.values()) \
+        <= 2 * provenance.MAX_ATOMS
+    assert any("cell big: values too large to analyse" in d for d in analysis.dynamic), analysis.dynamic
+
+
+def test_a_value_too_large_to_track_reaches_every_reference():
+    cells = ["import os\nv0 = os.a0\n" + "".join(f"v{i} = (v{i - 1}, os.a{i})\n" for i in range(1, 100))
+             + "def kv_bytes_per_token(c, b=2):\n    return v99"]
+    assert reached(cells) == [KV]
+
+
+def test_the_step_budget_stops_the_analysis_and_says_so(monkeypatch):
+    monkeypatch.setattr(provenance, "MAX_STEPS", 500)
+    analysis = provenance.analyse([("big", "x = 1\n" * 2000)])
+    assert analysis.complete is False and analysis.steps <= 501
+    assert any("too large to analyse: over 500 steps" in d for d in analysis.dynamic), analysis.dynamic
+
+
+def test_the_node_budget_leaves_a_large_notebook_unanalysed(monkeypatch):
+    monkeypatch.setattr(provenance, "MAX_NODES", 1000)
+    analysis = provenance.analyse([("small", "x = 1"), ("big", "y = 1\n" * 1000)])
+    assert analysis.complete is False and [c.label for c in analysis.cells] == ["small"]
+    assert any("cell big: not analysed (too large to analyse" in d for d in analysis.dynamic)
+
+
+def test_assess_analyses_the_same_code_once(monkeypatch):
+    calls = []
+    real = provenance.Analysis.__init__
+    monkeypatch.setattr(provenance.Analysis, "__init__", lambda self, cells: (calls.append(1), real(self, cells))[1])
+    provenance.analyse_cached.cache_clear()
+    wrapped = _cells("def kv_bytes_per_token(c, b=2):\n    return roofline.kv_bytes_per_token(c, b)")
+    first = provenance.assess(wrapped, _verdict())
+    second = provenance.assess(wrapped + [nbformat.v4.new_code_cell("x = 1", metadata={"nbgrader": {
+        "grade": True, "solution": False, "grade_id": "test_other", "locked": True, "points": 1}})], _verdict())
+    assert first == second and first["references"] == [KV] and len(calls) == 1
+
+
+# == twins of a reference, declared in the contracts ===================================================
+@pytest.mark.parametrize("lab, test, code", [
+    ("01_roofline", "test_kv_bytes_per_token",
+     "import course_lib.roofline as r\ndef kv_bytes_per_token(config, bytes_per_value=2):\n"
+     "    return r.kv_bytes_per_sequence(n_layers=config.n_layers, n_kv_heads=config.n_kv_heads,\n"
+     "                                   head_dim=config.head_dim, context=1, bytes_per_value=bytes_per_value)"),
+    ("01_roofline", "test_gemv_intensity",
+     "from course_lib.roofline import gemm_intensity as g\ndef gemv_intensity(m, n, b):\n    return g(m, n, 1, b)"),
+    ("01_roofline", "test_count_parameters",
+     "from course_lib.models.config import ModelConfig\ndef count_parameters(config):\n"
+     "    return config.n_layers * ModelConfig.block_parameters(config) + 0"),
+])
+def test_a_twin_of_the_reference_is_declared_and_found(lab, test, code):
+    (contract,) = [c for c in tables(lab).CONTRACTS if c.test == test]
+    assert reached([code], contract.functions[0], contract.references), (lab, test)
+
+
+def test_a_twin_called_as_a_method_of_an_argument_runs_under_the_judge():
+    (contract,) = [c for c in tables("01_roofline").CONTRACTS if c.test == "test_count_parameters"]
+
+    def count_parameters(config):
+        return config.n_layers * config.block_parameters()
+
+    answer = kernel_call(count_parameters, toy_config(), watch=provenance.watch_spec(contract.references))
+    assert answer["reached"] == ["course_lib.models.config.ModelConfig.block_parameters"]
+
+
+# == call time: the profiler the learner cannot swap, and renamed copies =================================
+def test_the_observer_keeps_the_interpreter_profiler_when_sys_is_patched(monkeypatch):
+    state = [None]
+
+    def fake_set(fn):
+        state[0] = fn
+        if fn is not None:
+            fn(sys._getframe(), "call", None)              # a fake event, so the hook "ran"
+
+    monkeypatch.setattr(sys, "setprofile", fake_set)
+    monkeypatch.setattr(sys, "getprofile", lambda: state[0])
+
+    def through_getattribute(config, b=2):
+        return roofline.__getattribute__("kv_bytes_per_token")(config, b)
+
+    answer = kernel_call(through_getattribute, toy_config())
+    assert answer["reached"] == [KV] and answer["observed"] is True
+
+
+def test_a_kernel_whose_profiler_was_replaced_before_the_import_reports_unobserved(monkeypatch):
+    fake = types.ModuleType("sys")
+    fake.setprofile, fake.getprofile = (lambda f: None), (lambda: None)
+    assert provenance.genuine_profiler(fake) is None
+    assert provenance.genuine_profiler(sys)[0] is sys.setprofile
+    monkeypatch.setattr(provenance, "_PROFILER", None)
+    answer = kernel_call(wrapper, toy_config())
+    assert answer["observed"] is False and answer["reached"] == []
+
+
+_RENAMED = types.FunctionType(roofline.kv_bytes_per_token.__code__.replace(co_qualname="mine", co_name="mine"),
+                              roofline.kv_bytes_per_token.__globals__, "mine")
+
+
+def renamed(config, b=2):
+    return _RENAMED(config, b)
+
+
+def test_a_renamed_copy_of_the_reference_is_seen_by_its_code():
+    config = toy_config()
+    assert kernel_call(renamed, config)["reached"] == [KV]
+    assert kernel_call(own, config)["reached"] == []
+    assert all(len(item["fingerprint"]) == 64 for item in provenance.watch_spec([KV]))

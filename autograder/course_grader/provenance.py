@@ -22,7 +22,9 @@ two independent ways:
 * **At call time** (``watch_spec`` in the judge, ``Observer`` in the learner's kernel): while
   the judge calls a learner function, a profiler hook (``sys.setprofile`` and
   ``threading.setprofile``, on for that call only) records whether the code of a declared
-  reference ran, matched by its qualified name and its file inside the ``course_lib`` package.
+  reference ran, matched by its qualified name and its file inside the ``course_lib`` package, or
+  by a digest of its code (``_fingerprint``), so a renamed copy counts; the hook is installed with
+  the interpreter's own profiler functions, taken once when the kernel loads this module.
   This catches what the code analysis cannot see: a reference called through another library
   function, or through code built at run time.
 
@@ -31,8 +33,13 @@ hold a reference counts as one, so a function that names a reference and never c
 flagged too) and sees only what is written: strings computed at run time, ``exec``, ``eval``,
 ``compile``, IPython's ``run_cell`` and most magics defeat it, so every such use in a code
 cell is reported on its own ("dynamic code, not analysable", ``Analysis.dynamic``), as is a
-call that switches the interpreter's profiler (``sys.setprofile``/``settrace``), which would
-blind the call-time check. The call-time check runs inside the learner's kernel, where learner
+call that switches the interpreter's profiler (``sys.setprofile``/``settrace``), a write to an
+attribute of ``sys``, ``threading``, ``builtins``, ``course_grader`` or ``course_lib``, and the
+start of a thread, executor or process, all of which could blind the call-time check. A route
+whose key the analysis cannot read (``m.__getattribute__(name)``, ``vars(m).get(name)``,
+``operator.attrgetter``, ``sys.modules.values()``) counts as reaching every reference, and so does
+a value too large to track (``MAX_ATOMS``); past ``MAX_STEPS`` or ``MAX_NODES`` the analysis stops
+and says so. The call-time check runs inside the learner's kernel, where learner
 code could have replaced it before the judge arrived; a call during which the hook was
 switched off is reported as unobserved. Neither says who wrote the code: a learner who copied
 a reference's *body* into a cell of their own is not flagged by either.
@@ -48,9 +55,12 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
+import hashlib
 import re
 import sys
 import threading
+import types
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -64,6 +74,14 @@ MAX_CELL_CHARS = 1_000_000
 #: Passes over a function body until its local bindings stop growing (and rounds over the whole
 #: notebook for ``global`` statements); the analysis is monotone, so this only bounds odd code.
 MAX_PASSES = 8
+#: Tracked objects one value may hold before it collapses to "anything" (``_ANY``, which reaches
+#: every reference): bounds the work on long chains of containers (``v2 = (v1, os.a2)``).
+MAX_ATOMS = 64
+#: Evaluation steps (statements and expressions visited, over all passes) one analysis may take;
+#: past it the analysis stops and says so ("too large to analyse").
+MAX_STEPS = 2_000_000
+#: AST nodes one analysis may hold (all cells together); a larger notebook is not analysed.
+MAX_NODES = 1_000_000
 _TEXT = 60  # characters of learner source quoted in a finding
 
 # Magics whose argument is Python code run in the user's namespace: analysed as such.
@@ -79,6 +97,13 @@ _SHELL_RUNNERS = {"run_cell", "run_cell_async", "run_code", "run_ast_nodes", "ex
 _PROFILER_SWITCHES = {"sys.setprofile", "sys.settrace", "threading.setprofile", "threading.settrace",
                       "threading.setprofile_all_threads", "threading.settrace_all_threads"}
 _SHELL = "IPython.shell"   # the pseudo-path of get_ipython()'s value
+# Modules whose attributes learner code must not rebind: the interpreter's, the profiler's and ours.
+_GUARDED_MODULES = ("sys", "threading", "builtins", "_thread", "course_grader", "course_lib")
+# Calls that start code running beside the graded call (threads, executors, processes).
+_CONCURRENCY = ("threading.Thread", "threading.Timer", "_thread.start_new_thread", "_thread.start_new",
+                "concurrent.futures", "multiprocessing", "os.fork", "os.posix_spawn", "subprocess")
+# Routes to the items of a module's namespace whose key the analysis cannot read.
+_NAMESPACE_ROUTES = {"get", "values", "items", "keys", "copy", "pop", "setdefault", "__getitem__", "__iter__"}
 
 
 # == values the analysis tracks ===================================================================
@@ -92,6 +117,24 @@ class _Path:
 class _Dict:
     """``vars(module)`` / ``module.__dict__``: a subscript with a constant key names an attribute."""
     name: str
+
+
+@dataclass(frozen=True)
+class _Any:
+    """Any attribute of the course_lib module ``name`` (reached through a route whose key the
+    analysis cannot read: ``__getattribute__``, ``vars(m).get(k)``, ``sys.modules.values()``...),
+    or, for ``name == "*"``, anything at all (a value too large to track); it reaches every
+    reference."""
+    name: str
+
+
+_TOP = _Any("*")
+
+
+@dataclass(frozen=True)
+class _AttrGetter:
+    """``operator.attrgetter(NAME)``; NAME None when it is not a constant."""
+    name: str | None
 
 
 @dataclass(frozen=True)
@@ -220,6 +263,9 @@ class Analysis:
         self._active: set[int] = set()
         self._resolved: dict[str, object] = {}
         self._global_writes: dict[str, _Val] = {}            # names functions bind with `global`
+        self.steps = 0                                       # statements and expressions visited
+        self.complete = True                                 # False once a budget stopped the analysis
+        self._nodes = 0
         for label, source in cells:
             self._parse(str(label), source)
         for _ in range(MAX_PASSES):
@@ -257,13 +303,36 @@ class Analysis:
             tree = parse_python(source)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             return                                          # it fails in the kernel as well
+        self._nodes += sum(1 for _ in ast.walk(tree))
+        if self._nodes > MAX_NODES:
+            self.complete = False
+            self._note(f"cell {label}: not analysed (too large to analyse: over {MAX_NODES:,} syntax nodes)")
+            return
         self.cells.append(_Cell(label, source, tree))
 
     def _guarded(self, cell: _Cell, work) -> None:
+        if self.steps > MAX_STEPS:
+            return
         try:
             work()
         except RecursionError:
             self._note(f"cell {cell.label}: not analysed (nested too deeply)")
+        except _Budget:
+            self.complete = False
+            self._note(f"cell {cell.label}: analysis stopped (too large to analyse: over {MAX_STEPS:,} steps)")
+
+    def _step(self) -> None:
+        self.steps += 1
+        if self.steps > MAX_STEPS:
+            raise _Budget
+
+    def _capped(self, val: "_Val", cell: _Cell, node: ast.AST) -> "_Val":
+        """VAL, or ``_TOP`` (anything) when it holds more than MAX_ATOMS tracked objects."""
+        if len(val.values) <= MAX_ATOMS and len(val.mentions) <= MAX_ATOMS:
+            return val
+        self._note(f"cell {cell.label}: values too large to analyse (over {MAX_ATOMS} tracked objects; "
+                   f"taken as reaching every reference)")
+        return _Val({_TOP: cell.origin(node)})
 
     def _note(self, text: str) -> None:
         if text not in self._dynamic_seen:
@@ -312,12 +381,23 @@ class Analysis:
             scope.bindings[name] = _Val().add(val)
         else:
             scope.bindings[name].add(val)
+        self._cap_binding(scope.bindings, name)
 
     def _bind_global(self, name: str, val: _Val) -> None:
         """A module-level binding made from inside a function (``global``) or through
         ``globals()``: it holds in every later round of the analysis."""
         self._global_writes.setdefault(name, _Val()).add(val)
+        self._cap_binding(self._global_writes, name)
         self._bind(name, val, self.module, False)
+
+    def _cap_binding(self, bindings: dict, name: str) -> None:
+        """Collapse BINDINGS[NAME] to ``_TOP`` when it holds more than MAX_ATOMS tracked objects."""
+        bound = bindings[name]
+        if len(bound.values) > MAX_ATOMS or len(bound.mentions) > MAX_ATOMS:
+            origin = next(iter(bound.mentions.values()))
+            self._note(f"cell {origin.cell}: values too large to analyse (over {MAX_ATOMS} tracked objects; "
+                       f"taken as reaching every reference)")
+            bindings[name] = _Val({_TOP: origin})
 
     # -- statements ---------------------------------------------------------------------------------
     def _exec(self, body: list, scope: _Scope, cell: _Cell, top: bool = False) -> _Val:
@@ -329,7 +409,17 @@ class Analysis:
         return out
 
     def _stmt(self, node: ast.stmt, scope: _Scope, cell: _Cell, top: bool) -> _Val:
+        self._step()
         ev = lambda e: self._ev(e, scope, cell)  # noqa: E731
+        if isinstance(node, ast.Delete):
+            out = _Val()
+            for target in node.targets:
+                base = self._ev(target.value, scope, cell) if isinstance(target, (ast.Attribute, ast.Subscript)) \
+                    else self._ev(target, scope, cell)
+                if isinstance(target, (ast.Attribute, ast.Subscript)):
+                    self._guard_write(base, target, cell)
+                out.add(base, values=False)
+            return out
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             d = self._def(node, scope, cell)
             val = _Val({d: _Origin(cell.label, node.lineno, f"def {node.name}")})
@@ -430,6 +520,7 @@ class Analysis:
             base = self._ev(target.value, scope, cell)
             key = _constant_str(target.slice)
             out = _Val().add(base, values=False).add(self._ev(target.slice, scope, cell), values=False)
+            self._guard_write(base, target, cell)
             if any(isinstance(a, _Globals) for a in base.values):
                 if key is None:
                     self._dynamic("globals() written under a computed name", cell, target)
@@ -437,21 +528,33 @@ class Analysis:
                     self._bind_global(key, val)
             return out
         if isinstance(target, ast.Attribute):
-            return _Val().add(self._ev(target.value, scope, cell), values=False)
+            base = self._ev(target.value, scope, cell)
+            self._guard_write(base, target, cell)
+            return _Val().add(base, values=False)
         return _Val()
+
+    def _guard_write(self, base: _Val, target: ast.AST, cell: _Cell) -> None:
+        """Report a write to an attribute (or namespace item) of sys, threading, builtins,
+        course_grader or course_lib: it can switch the call-time check off or swap a reference."""
+        for atom in base.values:
+            if isinstance(atom, (_Path, _Dict)) and _guarded_module(atom.name):
+                self._dynamic(f"`{_short(target)}` rebound or deleted (it can hide calls from the judge's "
+                              f"call-time check)", cell, target)
+                return
 
     # -- expressions --------------------------------------------------------------------------------
     def _ev(self, node, scope: _Scope, cell: _Cell) -> _Val:
         if node is None or isinstance(node, ast.Constant):
             return _Val()
+        self._step()
         method = getattr(self, "_ev_" + type(node).__name__, None)
         if method is not None:
-            return method(node, scope, cell)
+            return self._capped(method(node, scope, cell), cell, node)
         out = _Val()                              # BinOp, Compare, JoinedStr, Await, Slice, ...
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.expr):
                 out.add(self._ev(child, scope, cell), values=False)
-        return out
+        return self._capped(out, cell, node)
 
     def _ev_Name(self, node: ast.Name, scope, cell) -> _Val:
         return self._lookup(node.id, scope)
@@ -461,7 +564,16 @@ class Analysis:
         out = _Val().add(base, values=False)
         origin = cell.origin(node)
         for atom in base.values:
-            if isinstance(atom, _Path):
+            if isinstance(atom, _Any):
+                out.values.setdefault(atom, origin)
+            elif isinstance(atom, _Dict) and node.attr in _NAMESPACE_ROUTES:
+                hidden = _opaque(atom.name)
+                if hidden is not None:
+                    out.values.setdefault(hidden, origin)
+            elif isinstance(atom, _Path) and atom.name == "sys.modules" and node.attr in _NAMESPACE_ROUTES \
+                    and node.attr not in ("get", "__getitem__"):
+                out.values.setdefault(_Any("course_lib"), origin)
+            elif isinstance(atom, _Path):
                 name = f"{atom.name}.{node.attr}"
                 if node.attr == "__dict__":
                     out.values.setdefault(_Dict(atom.name), origin)
@@ -482,7 +594,9 @@ class Analysis:
                 if key is not None:
                     out.values.setdefault(_Path(prefix + key), origin)
                 elif _library(atom.name) or isinstance(atom, _Path):
-                    self._dynamic(f"{ast.unparse(node.value)}[...] with a computed key", cell, node)
+                    self._dynamic(f"{_short(node.value)}[...] with a computed key", cell, node)
+                if key is None and _opaque(atom.name) is not None:
+                    out.values.setdefault(_opaque(atom.name), origin)
             elif isinstance(atom, _Globals):
                 if key is not None:
                     out.add(self._lookup(key, self.module))
@@ -502,6 +616,16 @@ class Analysis:
         origin = cell.origin(node)
         const = [_constant_str(a) for a in node.args]
         for atom in list(func.values):
+            if isinstance(atom, _Any):
+                out.values.setdefault(atom, origin)
+                continue
+            if isinstance(atom, _AttrGetter):
+                for target in (args[0].values if args else ()):
+                    if isinstance(target, _Path):
+                        found = _Path(f"{target.name}.{atom.name}") if atom.name else _opaque(target.name)
+                        if found is not None:
+                            out.values.setdefault(found, origin)
+                continue
             if isinstance(atom, _Def):
                 if isinstance(atom.node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                     out.add(_Val(self._def_info(atom)[1].values))
@@ -509,7 +633,28 @@ class Analysis:
             if not isinstance(atom, _Path):
                 continue
             name = atom.name
-            if name == "importlib.import_module":
+            if any(name == c or name.startswith(c + ".") for c in _CONCURRENCY):
+                self._dynamic(f"{name}() (code run beside the graded call is not analysable)", cell, node)
+            if name.endswith((".__getattribute__", ".__getattr__")):
+                owner = name.rsplit(".", 1)[0]
+                if owner in ("builtins.object", "builtins.type", "types.ModuleType"):    # object.__getattribute__(m, k)
+                    targets, key = (args[0].values if args else {}), (const[1] if len(const) > 1 else None)
+                else:                                                                       # m.__getattribute__(k)
+                    targets, key = {_Path(owner): origin}, (const[0] if const else None)
+                for target in targets:
+                    if isinstance(target, _Path):
+                        found = _Path(f"{target.name}.{key}") if key else _opaque(target.name)
+                        if found is not None:
+                            out.values.setdefault(found, origin)
+                continue
+            if name == "operator.attrgetter":
+                out.values.setdefault(_AttrGetter(const[0] if len(const) == 1 else None), origin)
+            elif name in ("builtins.setattr", "builtins.delattr", "builtins.object.__setattr__",
+                          "builtins.object.__delattr__") and args:
+                self._guard_write(args[0], node, cell)
+            elif name.endswith((".__setattr__", ".__delattr__")) and _guarded_module(name.rsplit(".", 2)[0]):
+                self._guard_write(_Val({_Path(name.rsplit(".", 2)[0]): origin}), node, cell)
+            elif name == "importlib.import_module":
                 keywords = {k.arg: _constant_str(k.value) for k in node.keywords}
                 module = _absolute(const[0] if const else keywords.get("name"),
                                    const[1] if len(const) > 1 else keywords.get("package"))
@@ -528,8 +673,11 @@ class Analysis:
                     if isinstance(target, _Path):
                         if const[1] is not None:
                             out.values.setdefault(_Path(f"{target.name}.{const[1]}"), origin)
-                        elif _library(target.name):
-                            self._dynamic(f"getattr({target.name}, ...) with a computed name", cell, node)
+                        else:
+                            if _library(target.name):
+                                self._dynamic(f"getattr({target.name}, ...) with a computed name", cell, node)
+                            if _opaque(target.name) is not None:
+                                out.values.setdefault(_opaque(target.name), origin)
             elif name == "builtins.vars":
                 if args:
                     for target in args[0].values:
@@ -544,6 +692,7 @@ class Analysis:
                     out.values.setdefault(_Path(const[0]), origin)
                 else:
                     self._dynamic("sys.modules looked up under a computed name", cell, node)
+                    out.values.setdefault(_Any("course_lib"), origin)
             elif name in ("builtins.exec", "builtins.eval", "builtins.compile"):
                 self._dynamic(f"{name.split('.')[1]}()", cell, node)
             elif name in _PROFILER_SWITCHES:
@@ -651,7 +800,13 @@ class Analysis:
             around.add(self._ev(dec, outer, cell), values=False)
         if isinstance(node, ast.ClassDef):
             for base in [*node.bases, *(k.value for k in node.keywords)]:
-                around.add(self._ev(base, outer, cell), values=False)
+                val = self._ev(base, outer, cell)
+                around.add(val, values=False)
+                for atom in val.values:
+                    if isinstance(atom, _Path) and any(atom.name == c or atom.name.startswith(c + ".")
+                                                       for c in _CONCURRENCY):
+                        self._dynamic(f"a subclass of {atom.name} (code run beside the graded call is not "
+                                      f"analysable)", cell, node)
             scope = _Scope("class", outer, _bound_names(node.body)[0])
             for _ in range(MAX_PASSES):
                 size = scope.size()
@@ -717,7 +872,11 @@ class Analysis:
             if atom in seen:
                 continue
             seen.add(atom)
-            if isinstance(atom, _Path):
+            if isinstance(atom, _Any):                       # any attribute of a course_lib module, or anything
+                for ref in references:
+                    if ref not in found:
+                        found[ref] = Finding(function, ref, chain, str(origin))
+            elif isinstance(atom, _Path):
                 obj = self._resolve(atom.name)
                 ref = wanted.get(id(obj)) if obj is not None else None
                 if ref is not None and ref not in found:
@@ -725,7 +884,7 @@ class Analysis:
             elif isinstance(atom, _Def):
                 try:
                     mentions = self._def_info(atom)[0].mentions
-                except RecursionError:
+                except (RecursionError, _Budget):
                     continue
                 step = chain if atom.label == chain[-1] and len(chain) == 1 else chain + (atom.label,)
                 queue += [(a, o, step) for a, o in mentions.items()]
@@ -736,6 +895,13 @@ def analyse(cells: Sequence[tuple[str, str]]) -> Analysis:
     """Parse and analyse CELLS, ``(label, source)`` pairs of code cells in execution order (see
     ``notebook_cells``). Never executes them; a cell that does not parse is skipped (it raises in
     the kernel as well)."""
+    return Analysis(cells)
+
+
+@functools.lru_cache(maxsize=4)
+def analyse_cached(cells: tuple) -> Analysis:
+    """``analyse`` for ``assess``: the graded cells of one notebook that no solution cell
+    separates share the same code before them, hence one analysis."""
     return Analysis(cells)
 
 
@@ -780,8 +946,49 @@ def watch_spec(references: Sequence[str]) -> list[dict]:
             where = Path(code.co_filename).resolve().relative_to(root).as_posix()
         except ValueError:
             continue
-        spec.append({"reference": ref, "qualname": code.co_qualname, "file": where})
+        spec.append({"reference": ref, "qualname": code.co_qualname, "file": where, "fingerprint": _fingerprint(code)})
     return spec
+
+
+def _fingerprint(code: types.CodeType) -> str:
+    """A digest of what a code object computes: its bytecode (``co_code``), constants
+    (``co_consts``, nested code objects by their own digest, docstring included) and the names it
+    looks up (``co_names``), not its name, qualified name or file, so a copy made with
+    ``types.FunctionType(f.__code__.replace(co_qualname=...), ...)`` has the same one."""
+    digest = hashlib.sha256(code.co_code)
+    digest.update(repr(code.co_names).encode())
+    digest.update(_const_text(code.co_consts).encode())
+    return digest.hexdigest()
+
+
+def _const_text(value) -> str:
+    if isinstance(value, types.CodeType):
+        return "code:" + _fingerprint(value)
+    if isinstance(value, tuple):
+        return "(" + ",".join(_const_text(v) for v in value) + ")"
+    if isinstance(value, frozenset):                  # its order varies with string hashing
+        return "{" + ",".join(sorted(_const_text(v) for v in value)) + "}"
+    return f"{type(value).__name__}:{value!r}"
+
+
+def genuine_profiler(module) -> tuple | None:
+    """MODULE's (setprofile, getprofile) when they are the interpreter's built-ins (a built-in
+    function bound to a module named sys, which Python code cannot forge), else None."""
+    found = []
+    for name in ("setprofile", "getprofile"):
+        fn = module.__dict__.get(name) if type(module) is types.ModuleType else None
+        if type(fn) is not types.BuiltinFunctionType or fn.__name__ != name \
+                or type(fn.__self__) is not types.ModuleType or fn.__self__.__name__ != "sys":
+            return None
+        found.append(fn)
+    return tuple(found)
+
+
+# Taken once, when this module is imported in the kernel, and never looked up on sys again: learner
+# code that later replaces sys.setprofile/getprofile does not reach the Observer; if they were
+# already replaced, every watched call is reported as unobserved.
+_PROFILER = genuine_profiler(sys)
+_THREAD_PROFILER = (threading.setprofile, threading.getprofile)
 
 
 class Observer:
@@ -796,13 +1003,18 @@ class Observer:
 
     def __init__(self, spec) -> None:
         self.targets: dict[str, list[tuple[str, str]]] = {}
+        prints: dict[str, list[str]] = {}
         for item in spec if type(spec) is list else ():
             if type(item) is dict and all(type(item.get(k)) is str for k in ("reference", "qualname", "file")):
                 self.targets.setdefault(item["qualname"], []).append(("/" + item["file"], item["reference"]))
+                if type(item.get("fingerprint")) is str:
+                    prints.setdefault(item["fingerprint"], []).append(item["reference"])
         self.reached: set[str] = set()
         self.events = 0
         self.intact = False
+        self._installed = False
         targets, reached = self.targets, self.reached
+        seen: dict[int, tuple] = {}    # id(code) -> (code, references with its fingerprint); keeps code alive
 
         def hook(frame, event, arg):
             self.events += 1
@@ -814,20 +1026,28 @@ class Observer:
                     for suffix, reference in files:
                         if filename.endswith(suffix):
                             reached.add(reference)
+                if prints:
+                    known = seen.get(id(code))
+                    if known is None:
+                        known = seen[id(code)] = (code, prints.get(_fingerprint(code), ()))
+                    reached.update(known[1])
         self._hook = hook
 
     def __enter__(self) -> "Observer":
-        if self.targets:
-            self._previous = (sys.getprofile(), threading.getprofile())
-            threading.setprofile(self._hook)
-            sys.setprofile(self._hook)
+        if self.targets and _PROFILER is not None:
+            setprofile, getprofile = _PROFILER
+            self._previous = (getprofile(), _THREAD_PROFILER[1]())
+            _THREAD_PROFILER[0](self._hook)
+            setprofile(self._hook)
+            self._installed = True
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.targets:
-            self.intact = sys.getprofile() is self._hook
-            sys.setprofile(self._previous[0])
-            threading.setprofile(self._previous[1])
+        if self._installed:
+            setprofile, getprofile = _PROFILER
+            self.intact = getprofile() is self._hook
+            setprofile(self._previous[0])
+            _THREAD_PROFILER[0](self._previous[1])
 
     def report(self) -> dict:
         if not self.targets:
@@ -858,7 +1078,8 @@ def assess(cells, verdict: dict, zero: bool = False) -> dict | None:
         return None
     references = list(dict.fromkeys(r for c in checks for r in c["references"]))
     functions = list(dict.fromkeys(f for c in checks for f in c.get("functions", [])))
-    analysis = analyse(notebook_cells(cells))
+    analysis = analyse_cached(tuple((str(label), "".join(src) if isinstance(src, list) else str(src))
+                               for label, src in notebook_cells(cells)))
     static = [f.as_dict() for fn in functions for f in analysis.reaches(fn, references)]
     runtime = sorted({r for c in checks for r in c.get("reached", []) if r in references})
     unobserved = sum(int(c.get("unobserved", 0) or 0) for c in checks)
@@ -903,6 +1124,33 @@ def _size(bindings: dict) -> int:
 
 def _library(name: str) -> bool:
     return name == "course_lib" or name.startswith("course_lib.")
+
+
+class _Budget(Exception):
+    """An analysis went past MAX_STEPS."""
+
+
+def _guarded_module(name: str) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in _GUARDED_MODULES)
+
+
+def _opaque(name: str) -> "_Any | None":
+    """What an item of NAME's namespace under an unreadable key may be: any attribute of a
+    course_lib module; any course_lib module for sys, sys.modules, builtins and importlib (they
+    lead to every module); None (nothing tracked) otherwise."""
+    if _library(name):
+        return _Any(name)
+    if name in ("sys", "sys.modules", "builtins", "importlib"):
+        return _Any("course_lib")
+    return None
+
+
+def _short(node: ast.AST) -> str:
+    try:
+        text = " ".join(ast.unparse(node).split())
+    except Exception:
+        return type(node).__name__
+    return text if len(text) <= _TEXT else text[:_TEXT - 3] + "..."
 
 
 def _identity(obj):

@@ -429,9 +429,10 @@ def check_requests_that_fit(fn: Callable, seed: int = 0, cases: int = 6) -> None
 # -- the lab's declared tables (see tables.py) -------------------------------------------------
 CONTRACTS = (
     Contract("test_count_parameters", check_parameter_count, ("count_parameters",),
-             references=("course_lib.roofline.n_matmul", "course_lib.models.config.ModelConfig.parameters")),
+             references=("course_lib.roofline.n_matmul", "course_lib.models.config.ModelConfig.parameters",
+                         "course_lib.models.config.ModelConfig.block_parameters")),
     Contract("test_kv_bytes_per_token", check_kv_bytes_per_token, ("kv_bytes_per_token",),
-             references=("course_lib.roofline.kv_bytes_per_token",
+             references=("course_lib.roofline.kv_bytes_per_token", "course_lib.roofline.kv_bytes_per_sequence",
                          "course_lib.models.config.ModelConfig.kv_bytes_per_token")),
     Contract("test_prefill_time", check_prefill_time, ("prefill_time",),
              references=("course_lib.roofline.prefill_time", "course_lib.roofline.prefill_flops")),
@@ -439,7 +440,7 @@ CONTRACTS = (
              references=("course_lib.roofline.decode_step_bound", "course_lib.roofline.decode_step",
                          "course_lib.roofline.decode_step_flops")),
     Contract("test_gemv_intensity", check_gemv_intensity, ("gemv_intensity",),
-             references=("course_lib.roofline.gemv_intensity",)),
+             references=("course_lib.roofline.gemv_intensity", "course_lib.roofline.gemm_intensity")),
     Contract("test_gemm_intensity", check_gemm_intensity, ("gemm_intensity",),
              references=("course_lib.roofline.gemm_intensity",)),
     Contract("test_requests_that_fit", check_requests_that_fit, ("requests_that_fit",),

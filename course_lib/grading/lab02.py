@@ -499,7 +499,7 @@ CONTRACTS = (
              references=("course_lib.models.decoder.generate_cached",)),
     Contract("test_kv_cache_bytes", check_kv_cache_bytes, ("kv_cache_bytes", "measured_kv_bytes"),
              references=("course_lib.models.config.ModelConfig.kv_bytes_per_token",
-                         "course_lib.roofline.kv_bytes_per_token",
+                         "course_lib.roofline.kv_bytes_per_token", "course_lib.roofline.kv_bytes_per_sequence",
                          "course_lib.cache.contiguous.KVCache.filled_bytes")),
     Contract("test_first_divergence", check_first_divergence, ("first_divergence",)),
     Contract("test_score_suffixes", check_suffix_scores, ("score_suffixes",), objects=_TOY),
