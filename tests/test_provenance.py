@@ -204,6 +204,21 @@ def test_only_the_cells_before_the_test_count():
     ("%run helpers.py", "%run magic"),
     ("get_ipython().run_cell('x = 1')", "run_cell()"),
     ("def f():\n    exec('x = 1')", "exec()"),                         # inside a function nobody calls
+    # switching the call-time check off, or running code beside the graded call
+    ("import sys as _s\n_s.setprofile = lambda f: None", "`_s.setprofile` rebound"),
+    ("import sys\n_s = sys\n_s.getprofile = lambda: None", "`_s.getprofile` rebound"),
+    ("import threading\ndel threading.setprofile", "`threading.setprofile` rebound or deleted"),
+    ("import builtins\nbuiltins.getattr = lambda *a: 0", "`builtins.getattr` rebound"),
+    ("import sys\nsetattr(sys, 'setprofile', print)", "setattr(sys, 'setprofile', print)"),
+    ("import sys\nvars(sys)['setprofile'] = print", "rebound"),
+    ("import course_lib.roofline as r\nr.kv_bytes_per_token = len", "`r.kv_bytes_per_token` rebound"),
+    ("import course_grader.provenance as p\np.Observer = None", "`p.Observer` rebound"),
+    ("import threading\nt = threading.Thread(target=print)", "threading.Thread() (code run beside"),
+    ("from concurrent.futures import ThreadPoolExecutor\npool = ThreadPoolExecutor(2)",
+     "concurrent.futures.ThreadPoolExecutor()"),
+    ("import multiprocessing as mp\np = mp.Process(target=print)", "multiprocessing.Process()"),
+    ("import _thread\n_thread.start_new_thread(print, ())", "_thread.start_new_thread()"),
+    ("import threading\nclass W(threading.Thread):\n    pass", "a subclass of threading.Thread"),
 ])
 def test_dynamic_code_is_reported_as_not_analysable(code, what):
     notes = dynamic(code)
@@ -394,25 +409,6 @@ def test_a_route_whose_key_is_unreadable_counts_as_reaching_the_module(how):
     assert reached(OPAQUE[how]) == [KV], how
 
 
-@pytest.mark.parametrize("code, what", [
-    ("import sys as _s\n_s.setprofile = lambda f: None", "`_s.setprofile` rebound"),
-    ("import sys\n_s = sys\n_s.getprofile = lambda: None", "`_s.getprofile` rebound"),
-    ("import threading\ndel threading.setprofile", "`threading.setprofile` rebound or deleted"),
-    ("import builtins\nbuiltins.getattr = lambda *a: 0", "`builtins.getattr` rebound"),
-    ("import sys\nsetattr(sys, 'setprofile', print)", "setattr(sys, 'setprofile', print)"),
-    ("import sys\nvars(sys)['setprofile'] = print", "rebound"),
-    ("import course_lib.roofline as r\nr.kv_bytes_per_token = len", "`r.kv_bytes_per_token` rebound"),
-    ("import course_grader.provenance as p\np.Observer = None", "`p.Observer` rebound"),
-    ("import threading\nt = threading.Thread(target=print)", "threading.Thread() (code run beside"),
-    ("from concurrent.futures import ThreadPoolExecutor\npool = ThreadPoolExecutor(2)",
-     "concurrent.futures.ThreadPoolExecutor()"),
-    ("import multiprocessing as mp\np = mp.Process(target=print)", "multiprocessing.Process()"),
-    ("import _thread\n_thread.start_new_thread(print, ())", "_thread.start_new_thread()"),
-    ("import threading\nclass W(threading.Thread):\n    pass", "a subclass of threading.Thread"),
-])
-def test_switching_the_check_off_or_running_code_beside_the_call_is_reported(code, what):
-    notes = dynamic(code)
-    assert any(what in n for n in notes), notes
 
 
 @pytest.mark.parametrize("code", [
