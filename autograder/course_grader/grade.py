@@ -552,8 +552,9 @@ def _notebook_cells(notebook: Path) -> list[dict]:
 
 
 def cell_outcomes(notebook: Path) -> dict[str, str]:
-    """grade_id -> why each graded cell of an autograded notebook failed: its first error's
-    ``ename: first line of the message`` (at most 160 characters), "" for a cell without an error.
+    """grade_id -> why each graded cell of an autograded notebook failed: ``ename: first line of the
+    message`` (at most 160 characters) of the error the grader recorded (CellTimeoutError,
+    KernelDied), else of its first error; "" for a cell without an error.
     For the per-test table, so "wrong" (ContractError and its diagnosis), "not attempted"
     (ExerciseNeeded, NotImplementedError) and "crashed" read apart without the feedback page."""
     outcomes = {}
@@ -562,11 +563,19 @@ def cell_outcomes(notebook: Path) -> dict[str, str]:
         if not grade_id or cell.get("cell_type") != "code":
             continue
         errors = [o for o in cell.get("outputs", []) if isinstance(o, dict) and o.get("output_type") == "error"]
-        if errors:
-            first = ANSI.sub("", str(errors[0].get("evalue", ""))).strip().split("\n")[0]
-            outcomes[grade_id] = printable(f"{errors[0].get('ename', 'Error')}: {first}")[:160]
-        else:
+        # a reason the grader recorded (the cell timed out, the kernel died) explains the cell better
+        # than the KeyboardInterrupt or other error it caused; otherwise the first error is the cause
+        recorded = [o for o in errors if o.get("ename") in ("CellTimeoutError", sandbox.KERNEL_DIED)]
+        error = (recorded or errors or [None])[0]
+        if error is None:
             outcomes[grade_id] = ""
+            continue
+        ename = str(error.get("ename", "Error"))
+        first = ANSI.sub("", str(error.get("evalue", ""))).strip().split("\n")[0]
+        if not first:    # a message given only in the traceback (nbgrader's timeout error)
+            last = ANSI.sub("", str((error.get("traceback") or [""])[-1])).strip().split("\n")[-1]
+            first = last[len(ename) + 1:].strip() if last.startswith(ename + ":") else ""
+        outcomes[grade_id] = printable(f"{ename}: {first}" if first else ename)[:160]
     return outcomes
 
 
