@@ -860,8 +860,10 @@ class SandboxKernelManager(AsyncKernelManager):
     devices = List(Unicode(), help="Host device files bound into the sandbox (e.g. /dev/nvidia0)").tag(config=True)
     env_passthrough = List(Unicode(), default_value=list(DEFAULT_ENV_PASSTHROUGH),
                            help="Host environment variables passed in (trailing * = prefix)").tag(config=True)
-    max_message_bytes = Integer(64 * MiB, help="Largest message part the grader's client parses; a larger "
-                                "one is refused unparsed and the kernel is taken for broken").tag(config=True)
+    max_message_bytes = Integer(GiB, help="Largest message part the grader's client parses; a larger one is "
+                                "refused unparsed and the kernel is taken for broken (ipykernel joins a burst of "
+                                "prints into one stream message: 160 MB was seen from a loop of 1 MiB prints, which "
+                                "the per-cell cap then truncates)").tag(config=True)
     max_message_elements = Integer(4 * 1024 * 1024, help="Most JSON elements (commas, brackets, braces) in "
                                    "one message part the grader's client parses").tag(config=True)
 
@@ -1081,7 +1083,8 @@ def protocol_breach(exc: BaseException) -> str | None:
 
 def guard_session(session: Any, *, max_bytes: int, max_elements: int) -> None:
     """Make jupyter_client SESSION refuse, before parsing, a message part over MAX_BYTES or with
-    more than about MAX_ELEMENTS JSON elements.
+    more than about MAX_ELEMENTS JSON elements (commas, brackets and braces, counted in strings
+    too: an overestimate that costs no parse).
 
     Parsed JSON costs far more memory than its text (about 60 bytes per ``[]``), and the grader's
     client runs outside the sandbox: without this a kernel could display one 60 MB message of
