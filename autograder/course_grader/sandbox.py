@@ -1312,22 +1312,29 @@ if _Execute is not None:
             self._sandbox_out.pop(cell_index, None)
             self._sandbox_truncated.discard(cell_index)
 
+        def _charge(self, index: int, size: int, outs: list, over_cell: str, over_notebook: str) -> bool:
+            """Count SIZE bytes of output against cell INDEX and the notebook; True when both caps
+            allow it. Past a cap nothing is counted and, once per cell, OUTS gets one
+            "[sandbox] output truncated" line saying which cap (OVER_CELL / OVER_NOTEBOOK)."""
+            used = self._sandbox_out.get(index, 0)
+            over = (over_cell if used + size > self.max_output_bytes else over_notebook
+                    if sum(self._sandbox_out.values()) + size > self.max_notebook_output_bytes else "")
+            if not over:
+                self._sandbox_out[index] = used + size
+                return True
+            if index not in self._sandbox_truncated:
+                self._sandbox_truncated.add(index)
+                from nbformat.v4 import new_output
+                outs.append(new_output("stream", name="stdout", text=f"\n[sandbox] output truncated: {over}\n"))
+            return False
+
         def output(self, outs: list, msg: dict, display_id: str | None, cell_index: int) -> Any:
             if self.clear_before_next_output:
                 self._reset_output_count(cell_index)
-            size = _message_bytes(msg)
-            used = self._sandbox_out.get(cell_index, 0)
-            total = sum(self._sandbox_out.values())
-            over = (f"this cell printed more than {self.max_output_bytes} bytes" if used + size > self.max_output_bytes
-                    else f"the notebook's cells printed more than {self.max_notebook_output_bytes} bytes"
-                    if total + size > self.max_notebook_output_bytes else "")
-            if over:
-                if cell_index not in self._sandbox_truncated:
-                    self._sandbox_truncated.add(cell_index)
-                    from nbformat.v4 import new_output
-                    outs.append(new_output("stream", name="stdout", text=f"\n[sandbox] output truncated: {over}\n"))
+            if not self._charge(cell_index, _message_bytes(msg), outs,
+                                f"this cell printed more than {self.max_output_bytes} bytes",
+                                f"the notebook's cells printed more than {self.max_notebook_output_bytes} bytes"):
                 return None
-            self._sandbox_out[cell_index] = used + size
             return super().output(outs, msg, display_id, cell_index)
 
         def _update_display_id(self, display_id: str, msg: dict) -> None:
@@ -1337,21 +1344,12 @@ if _Execute is not None:
             id shown many times multiplied past every cap in the notebook the grader writes."""
             targets = sum(len(indices) for indices in self._display_id_map.get(display_id, {}).values())
             index = self._current_index
-            if targets and index is not None:
-                size = _message_bytes(msg) * targets
-                used, total = self._sandbox_out.get(index, 0), sum(self._sandbox_out.values())
-                over = (f"a display update would rewrite {targets} outputs, more than {self.max_output_bytes} "
-                        "bytes for this cell" if used + size > self.max_output_bytes else
-                        f"a display update would take the notebook past {self.max_notebook_output_bytes} bytes"
-                        if total + size > self.max_notebook_output_bytes else "")
-                if over:
-                    if index not in self._sandbox_truncated:
-                        self._sandbox_truncated.add(index)
-                        from nbformat.v4 import new_output
-                        self.nb.cells[index].outputs.append(new_output(
-                            "stream", name="stdout", text=f"\n[sandbox] output truncated: {over}\n"))
-                    return
-                self._sandbox_out[index] = used + size
+            if targets and index is not None and not self._charge(
+                    index, _message_bytes(msg) * targets, self.nb.cells[index].outputs,
+                    f"a display update would rewrite {targets} outputs, more than {self.max_output_bytes} "
+                    "bytes for this cell",
+                    f"a display update would take the notebook past {self.max_notebook_output_bytes} bytes"):
+                return
             super()._update_display_id(display_id, msg)
 
         def clear_output(self, outs: list, msg: dict, cell_index: int) -> None:
