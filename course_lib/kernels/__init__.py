@@ -1,6 +1,7 @@
 """Triton kernels of the course, each beside a PyTorch reference with the same signature.
 
 Modules: ``gemv`` (y = W x, Lab 1), ``bench_gemv`` (``python -m course_lib.kernels.bench_gemv``).
+``w4a16`` (y = x W_hat^T with packed int4 weights, Lab 4), ``bench_w4a16`` (``python -m course_lib.kernels.bench_w4a16``).
 
 How a kernel runs depends on :func:`triton_mode`:
 

@@ -45,7 +45,9 @@ def peak_gbps_for(device_name: str) -> float | None:
     return None
 
 
-def _median_ms(fn, warmup: int, repeats: int) -> float:
+def median_ms(fn, warmup: int, repeats: int) -> float:
+    """Median wall time of ``fn()`` on the current CUDA device, in milliseconds: ``warmup`` untimed
+    calls, then ``repeats`` calls each timed with CUDA events (shared by the kernel benchmarks)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -114,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 "torch": (lambda: W @ x, b),  # torch returns y in the input dtype
             }
             for impl, (fn, y_bytes) in impls.items():
-                ms = _median_ms(fn, args.warmup, args.repeats)
+                ms = median_ms(fn, args.warmup, args.repeats)
                 nbytes = M * N * b + N * b + M * y_bytes
                 gbps = nbytes / (ms * 1e-3) / 1e9
                 frac = f"{gbps / peak:8.1%}" if peak else f"{'n/a':>8}"

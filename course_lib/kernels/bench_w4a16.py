@@ -1,0 +1,144 @@
+"""Benchmark the Triton W4A16 matmul against a dense float16 matmul: achieved GB/s and fraction of peak bandwidth.
+
+Run: ``python -m course_lib.kernels.bench_w4a16 [--peak-gbps 4800] [--shapes 4096x4096,14336x4096]
+[--m 1,16] [--group-size 128] [--zero-point]``.
+
+On a CUDA device, for each weight shape N x K (out_features x in_features) and each number of
+activation rows M: build random int4 codes (``course_lib.quant.packing.pack_int4``), float16
+group scales (and zero points with ``--zero-point``) and float16 activations; check
+``w4a16_matmul`` against ``reference_w4a16`` (a row that disagrees is reported and not timed);
+then time ``w4a16_matmul`` and the dense ``x @ W16^T`` on the same dequantised weights in
+float16 (warm-up, then the median of repeats timed with CUDA events) and report
+
+    achieved GB/s = bytes / median time
+    bytes (w4a16) = packed weights N*ceil(K/2) + scales (+ zero points) N*(K/g)*2
+                    + activations M*K*2 + output M*N*4 (float32)
+    bytes (dense) = weights N*K*2 + activations M*K*2 + output M*N*2
+
+(a *measurement*) and its fraction of the device's peak memory bandwidth (a vendor *bound*,
+from ``course_lib.hardware.DEVICES`` by device name, or ``--peak-gbps``). With few rows M the
+product is memory-bound (``docs/roofline.md``), so the time that matters is bytes / bandwidth,
+and the packed weights move about 3.8x fewer bytes than float16 ones
+(``docs/quantization.md#bits-per-weight``).
+
+Without a CUDA device it says that nothing is measured: the kernel is then checked for
+correctness only (the tests under TRITON_INTERPRET=1), and interpreter timings are not speed
+measurements. It exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from ..hardware import DEVICES, Device
+
+
+def device_for(device_name: str) -> Device | None:
+    """The ``course_lib.hardware.DEVICES`` entry whose name occurs in a
+    ``torch.cuda.get_device_name`` string (case-insensitive, longest name first), or None."""
+    for key in sorted(DEVICES, key=len, reverse=True):
+        if key.lower() in device_name.lower():
+            return DEVICES[key]
+    return None
+
+
+def _parse_pairs(text: str) -> list[tuple[int, int]]:
+    pairs = []
+    for item in text.split(","):
+        n, k = item.lower().split("x")
+        pairs.append((int(n), int(k)))
+    return pairs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peak-gbps", type=float, default=None,
+                        help="device peak memory bandwidth in GB/s (default: course_lib.hardware by device name)")
+    parser.add_argument("--shapes", default="4096x4096,14336x4096,4096x14336",
+                        help="weight shapes NxK (out_features x in_features), comma-separated")
+    parser.add_argument("--m", default="1,16", help="activation rows M (tokens), comma-separated")
+    parser.add_argument("--group-size", type=int, default=128)
+    parser.add_argument("--zero-point", action="store_true", help="unsigned codes with zero points")
+    parser.add_argument("--block-m", type=int, default=None)
+    parser.add_argument("--block-n", type=int, default=None)
+    parser.add_argument("--block-k", type=int, default=None)
+    parser.add_argument("--num-warps", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args(argv)
+
+    from ..quant.packing import pack_int4
+    from . import triton_mode
+    from .bench_gemv import median_ms
+    from .w4a16 import DEFAULT_BLOCK_K, DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, reference_w4a16, w4a16_matmul
+
+    mode = triton_mode()
+    if mode != "native":
+        print(f"No native Triton on a CUDA device here ({mode}: {mode.reason}).")
+        print("Nothing is measured: the W4A16 kernel is checked for correctness only (tests under "
+              "TRITON_INTERPRET=1), and interpreter timings are not a speed measurement.")
+        return 0
+
+    name = torch.cuda.get_device_name(0)
+    device = device_for(name)
+    if args.peak_gbps is not None:
+        peak, peak_source = args.peak_gbps, "--peak-gbps"
+    elif device is not None:
+        peak, peak_source = device.bandwidth / 1e9, f"course_lib.hardware {device.name!r}: {device.source}"
+    else:
+        peak, peak_source = None, None
+    blocks = dict(block_m=args.block_m or DEFAULT_BLOCK_M, block_n=args.block_n or DEFAULT_BLOCK_N,
+                  block_k=args.block_k or DEFAULT_BLOCK_K, num_warps=args.num_warps)
+    g = args.group_size
+    print(f"device: {name}; peak bandwidth (vendor bound): "
+          + (f"{peak:.0f} GB/s ({peak_source})" if peak else "unknown (pass --peak-gbps)"))
+    print(f"w4a16: int4 {'+zero point ' if args.zero_point else ''}g{g}, fp16 scales, fp16 activations; "
+          f"blocks {blocks}; median of {args.repeats} after {args.warmup} warm-up; GB/s are measurements")
+    header = f"{'N x K':>12} {'M':>4} {'impl':>7} {'ms':>9} {'GB/s':>8} {'of peak':>8}"
+    print(header)
+    print("-" * len(header))
+    for N, K in _parse_pairs(args.shapes):
+        if K % g:
+            print(f"{f'{N}x{K}':>12}  skipped: group size {g} does not divide K={K}")
+            continue
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        if args.zero_point:
+            q = torch.randint(0, 16, (N, K), device="cuda", generator=gen)
+            zeros = torch.randint(0, 16, (N, K // g), device="cuda", generator=gen).to(torch.float16)
+        else:
+            q = torch.randint(-8, 8, (N, K), device="cuda", generator=gen)
+            zeros = None
+        scales = (torch.rand(N, K // g, device="cuda", generator=gen) * 0.02 + 1e-3).to(torch.float16)
+        packed = pack_int4(q, signed=zeros is None)
+        z = 0 if zeros is None else zeros.float().repeat_interleave(g, dim=1)
+        w16 = ((q.float() - z) * scales.float().repeat_interleave(g, dim=1)).to(torch.float16)
+        del q
+        meta_bytes = scales.numel() * 2 * (1 if zeros is None else 2)
+        for M in (int(m) for m in args.m.split(",")):
+            x = torch.randn(M, K, device="cuda", generator=gen).to(torch.float16)
+            y = w4a16_matmul(x, packed, scales, g, zeros, **blocks)
+            ref = reference_w4a16(x, packed, scales, g, zeros)
+            err = ((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+            if not err <= 1e-4:
+                print(f"{f'{N}x{K}':>12} {M:>4}  MISMATCH: max rel err vs reference {err:.1e}; not timed")
+                continue
+            impls = {
+                "w4a16": (lambda: w4a16_matmul(x, packed, scales, g, zeros, **blocks),
+                          packed.numel() + meta_bytes + M * K * 2 + M * N * 4),
+                "fp16": (lambda: x @ w16.T, N * K * 2 + M * K * 2 + M * N * 2),
+            }
+            for impl, (fn, nbytes) in impls.items():
+                ms = median_ms(fn, args.warmup, args.repeats)
+                gbps = nbytes / (ms * 1e-3) / 1e9
+                frac = f"{gbps / peak:8.1%}" if peak else f"{'n/a':>8}"
+                print(f"{f'{N}x{K}':>12} {M:>4} {impl:>7} {ms:9.4f} {gbps:8.0f} {frac}"
+                      + (f"   (max rel err vs reference {err:.1e})" if impl == "w4a16" else ""))
+            del x, y, ref
+        del packed, scales, zeros, w16
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
