@@ -1,4 +1,4 @@
-"""The RoPE explorer computes what it draws without a browser (course Lab 2 widget)."""
+"""The explorers compute what they draw without a browser (Lab 2 RoPE widget, Lab 4 quantisation widget)."""
 import math
 import struct
 
@@ -6,8 +6,10 @@ import matplotlib
 import pytest
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import LineCollection
 
-from course_lib.widgets import rope_explorer, rope_explorer_figure, rope_explorer_state
+from course_lib.widgets import (quant_explorer, quant_explorer_figure, quant_numbers, rope_explorer,
+                                rope_explorer_figure, rope_explorer_state)
 
 matplotlib.use("Agg")
 
@@ -88,3 +90,143 @@ def test_every_title_fits_inside_the_picture(n_pairs, position, base):
         extent = text.get_window_extent(renderer)
         assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and box.y0 <= extent.y0 and extent.y1 <= box.y1, (
             f"{text.get_text()!r} is cut: {extent} outside the figure {box}")
+
+
+# -- quantisation explorer (Lab 4) ---------------------------------------------------------
+@pytest.mark.parametrize("group_size, symmetric, bits_per_weight", [
+    (128, True, 4 + 16 / 128), (64, True, 4 + 16 / 64), (32, True, 4 + 16 / 32),
+    (128, False, 4 + 32 / 128)])                   # docs/quantization.md#bits-per-weight
+def test_quant_bits_per_weight_are_the_reference_figures(group_size, symmetric, bits_per_weight):
+    numbers = quant_numbers(bits=4, group_size=group_size, symmetric=symmetric, scale_dtype="fp16")
+    assert numbers["storage"].bits_per_weight == bits_per_weight
+    chosen = numbers["table"].iloc[0]
+    assert chosen["bits per weight"] == bits_per_weight and "(chosen)" in chosen["format"]
+
+
+def test_quant_bytes_of_the_down_proj_shape():
+    numbers = quant_numbers(bits=4, group_size=64, symmetric=True, scale_dtype="fp16")
+    assert numbers["shape"] == (576, 1536) and numbers["synthetic"]
+    storage = numbers["storage"]
+    assert storage.payload == 576 * 768                    # two 4-bit codes per byte
+    assert storage.scales == 576 * 24 * 2                  # 1536 / 64 = 24 fp16 scales per row
+    assert storage.zeros == 0
+    assert numbers["table"].iloc[0]["bytes"] == 576 * 768 + 576 * 24 * 2
+    by_name = numbers["table"].set_index("format")
+    assert by_name.loc["fp32", "bytes"] == 576 * 1536 * 4
+    assert by_name.loc["GGUF Q4_0", "bytes"] == 576 * 1536 // 32 * 18     # 16 B of nibbles + fp16 d per 32
+    assert by_name.loc["MXFP4", "bits per weight"] == 4.25
+    asym = quant_numbers(bits=8, group_size="channel", symmetric=False, scale_dtype="fp32")["storage"]
+    assert (asym.payload, asym.scales, asym.zeros) == (576 * 1536, 576 * 4, 576 * 4)
+
+
+def test_quant_error_of_a_hand_quantised_row():
+    """2-bit symmetric per tensor on [1, 0.5, 0.25, -1]: s = 1/1, grid {-1, 0, 1}; 0.5 rounds
+    half to even (to 0), 0.25 to 0, so the errors are 0, 0.5, 0.25, 0."""
+    w = torch.tensor([[1.0, 0.5, 0.25, -1.0]])
+    numbers = quant_numbers(bits=2, group_size="tensor", weight=w)
+    assert not numbers["synthetic"] and numbers["shape"] == (1, 4)
+    assert numbers["max_error"] == pytest.approx(0.5)
+    assert numbers["rmse"] == pytest.approx(math.sqrt((0.5 ** 2 + 0.25 ** 2) / 4))
+    assert numbers["grid"].tolist() == [-1.0, 0.0, 1.0]
+    assert numbers["values"].tolist() == [1.0, 0.5, 0.25, -1.0]
+    assert numbers["values_hat"].tolist() == [1.0, 0.0, 0.0, -1.0]
+    assert w.tolist() == [[1.0, 0.5, 0.25, -1.0]]              # the tensor passed in is left alone
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("group_size", [64, "channel"])
+def test_quant_error_shrinks_as_bits_grow(symmetric, group_size):
+    rmse = [quant_numbers(bits=b, group_size=group_size, symmetric=symmetric, seed=3)["rmse"] for b in range(2, 9)]
+    assert all(a > b for a, b in zip(rmse, rmse[1:])), rmse
+    assert rmse[-1] < rmse[0] / 30                      # six more bits: a grid 2^6 times finer, roughly
+
+
+def test_quant_outlier_stretches_a_per_tensor_grid():
+    """One large weight sets the per-tensor scale, so every other weight rounds more coarsely;
+    groups of 64 confine it to the few groups that hold an outlier."""
+    plain = quant_numbers(bits=4, group_size="tensor", outlier=0.0)
+    spiky = quant_numbers(bits=4, group_size="tensor", outlier=20.0)
+    assert spiky["rmse"] > 3 * plain["rmse"]
+    assert spiky["step"] > 10 * plain["step"]
+    grouped = [quant_numbers(bits=4, group_size=64, outlier=o)["rmse"] for o in (0.0, 20.0)]
+    assert grouped[1] < 1.2 * grouped[0]
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(1))
+    big = quant_numbers(group_size="tensor", outlier=9.0, weight=w)
+    row, col = int(big["outlier_rows"][0]), int(big["outlier_cols"][0])
+    assert row == 0 and col == int(w[0].abs().argmax())
+    assert big["values"][col] == pytest.approx(10 * float(w[0, col]))
+    assert len(set(big["outlier_rows"].tolist())) == 8                 # eight distinct rows
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("group_size", [32, "channel", "tensor"])
+def test_quant_grid_has_one_point_per_code(bits, group_size):
+    sym = quant_numbers(bits=bits, group_size=group_size, symmetric=True, outlier=2.0)
+    grid, step = sym["grid"].double(), sym["step"]
+    assert len(grid) == 2 ** bits - 1                                  # codes -qmax..qmax
+    assert torch.allclose(grid, -grid.flip(0))                          # symmetric about 0
+    assert torch.allclose(grid.diff(), torch.full((len(grid) - 1,), step, dtype=torch.float64))
+    if group_size != "tensor":                                         # the shown group sets its own scale
+        assert float(grid[-1]) == pytest.approx(float(sym["values"].abs().max()), rel=2 ** -10)
+    asym = quant_numbers(bits=bits, group_size=group_size, symmetric=False, outlier=2.0)
+    grid = asym["grid"].double()
+    assert len(grid) == 2 ** bits                                      # codes 0..2^bits - 1
+    assert 0.0 in grid.tolist()                                        # the zero point is exact
+    assert torch.allclose(grid.diff(), torch.full((len(grid) - 1,), asym["step"], dtype=torch.float64))
+    for numbers, points in ((sym, 2 ** bits - 1), (asym, 2 ** bits)):
+        ax = quant_explorer_figure(numbers).axes[0]
+        lines = [c for c in ax.collections if isinstance(c, LineCollection)]
+        assert len(lines) == 1 and len(lines[0].get_segments()) == points
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(bits=1), "bits"), (dict(bits=9), "bits"), (dict(bits=4.0), "bits"),
+    (dict(group_size=0), "group_size"), (dict(group_size=100), "100"), (dict(group_size="row"), "group_size"),
+    (dict(group_size=None), "group_size"), (dict(symmetric="yes"), "symmetric"),
+    (dict(outlier=-1.0), "outlier"), (dict(outlier=float("nan")), "outlier"),
+    (dict(scale_dtype="bf16"), "scale_dtype"), (dict(seed=-1), "seed"),
+    (dict(weight=torch.ones(8)), "weight"), (dict(weight=torch.ones(2, 4, dtype=torch.int64)), "weight"),
+    (dict(weight=torch.ones(0, 64)), "weight"),
+    (dict(weight=torch.tensor([[1.0, float("nan")]]), group_size="tensor"), r"w\[0, 1\]"),
+    (dict(weight=torch.full((2, 64), 1e6)), "fp32")])           # the fp16 scale 1e6/7 overflows
+def test_quant_numbers_refuses_bad_settings(bad, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        quant_numbers(**bad)
+
+
+def test_quant_widget_update_follows_the_controls():
+    panel = quant_explorer()
+    controls = panel.controls
+    image = panel.children[-1]
+    first = image.value
+    assert first[:8] == b"\x89PNG\r\n\x1a\n"
+    assert image.layout.width == f"{_png_width_height(first)[0]}px"
+    assert "synthetic" in panel.children[2].value and "576 x 1536" in panel.children[2].value
+    controls["outlier"].value = 20.0                    # the observer redraws without update()
+    assert image.value != first
+    controls["group_size"].value = "tensor"
+    controls["bits"].value = 3
+    numbers = panel.update()
+    assert numbers["scheme"].granularity == "tensor" and numbers["scheme"].bits == 3
+    assert len(numbers["grid"]) == 7 and numbers["outlier"] == 20.0
+    controls["symmetric"].value = False
+    controls["scale_dtype"].value = "fp32"
+    numbers = panel.update()
+    assert not numbers["scheme"].symmetric and numbers["scheme"].scale_dtype == "fp32"
+    assert len(numbers["grid"]) == 8
+    assert f"{numbers['storage'].total:,}" in panel.children[3].value
+
+
+def test_quant_widget_with_a_real_weight():
+    w = torch.randn(8, 96, generator=torch.Generator().manual_seed(0)) * 1e6     # fp16 scales overflow
+    panel = quant_explorer(group_size=32, scale_dtype="fp32", weight=w)
+    options = [value for _, value in panel.controls["group_size"].options]
+    assert options == [16, 32, "channel", "tensor"]                  # the sizes that divide 96
+    assert "passed in" in panel.children[2].value and "8 x 96" in panel.children[2].value
+    picture = panel.children[-1].value
+    panel.controls["scale_dtype"].value = "fp16"
+    assert panel.update() is None
+    assert "Refused" in panel.children[3].value and "fp32" in panel.children[3].value
+    assert panel.children[-1].value == picture                      # the last picture stays
+    with pytest.raises(ValueError, match="group_size"):
+        quant_explorer(group_size=64, weight=w)                      # 64 does not divide 96

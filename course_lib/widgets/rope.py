@@ -100,7 +100,7 @@ def rope_explorer_figure(position: int, n_pairs: int, base: float = 10000.0, see
     return fig, state
 
 
-def _png_size(png: bytes) -> tuple[int, int]:
+def png_size(png: bytes) -> tuple[int, int]:
     """(width, height) in pixels of a PNG image, read from its header (the IHDR chunk).
     Raises: ValueError if ``png`` is not a PNG."""
     if png[:8] != b"\x89PNG\r\n\x1a\n" or png[12:16] != b"IHDR":
@@ -133,7 +133,7 @@ def rope_explorer(position: int = 5, n_pairs: int = 8, base: float = 10000.0):
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=DPI)
         png = buffer.getvalue()
-        image.layout.width = f"{_png_size(png)[0]}px"    # before the new picture arrives: never stretched
+        image.layout.width = f"{png_size(png)[0]}px"    # before the new picture arrives: never stretched
         image.value = png
         return state
 
