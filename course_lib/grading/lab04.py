@@ -1,0 +1,641 @@
+"""Graded checks for Lab 4 (quantisation).
+
+Each ``check_*`` takes the learner's *function(s)*, builds its own inputs from a seed (fixed for
+the visible checks, ``fresh_seed()`` for hidden tests) and compares the result with
+``course_lib.quant`` (the reference formats, packing, windows, perplexity and SmoothQuant,
+themselves tested against hand-computed figures and llama.cpp's GGUF blocks):
+
+- codes: exactly the reference's, except where w / s lies within 1e-4 of a rounding tie (x.5),
+  where either neighbour is accepted (round-half-even and round-half-up both pass);
+- scales and zero points: the reference's to a relative 1e-6 (float32 rounding only);
+- reconstruction: |w - w_hat| <= s/2 (+ float32 slack) wherever the value is not clipped, and the
+  learner's dequantisation of the reference codes equals the reference's to a relative 1e-6;
+- bytes and packed bytes: exact;
+- windows: exactly the reference's token windows;
+- perplexity: the reference's (exp of the mean loss over all predictions, float64) to a
+  relative 1e-4 on the same model and windows;
+- SmoothQuant scales: the reference's to a relative 1e-5.
+
+When a contract fails, the checker evaluates the known faults of Lab 4 on the same inputs
+(qmax = 2^(b-1); the scale from the signed maximum instead of the absolute maximum; the zero
+point off by one; scale metadata left out of the bytes; nibbles swapped; offset-binary or
+sign-magnitude nibbles; the mean of per-window perplexities; calibration windows that overlap the
+evaluation windows; SmoothQuant's exponents swapped; ...) and names those the learner's result
+equals.
+
+Learner signatures (``docs/quantization.md``):
+    quantize_symmetric(w, bits, group_size) -> (codes int8 (out, in), scales float32 (out, in // g))
+    dequantize_symmetric(codes, scales, group_size) -> float32 (out, in)
+    quantize_asymmetric(w, bits, group_size) -> (codes uint8, scales float32, zeros float32 (out, in // g))
+    dequantize_asymmetric(codes, scales, zeros, group_size) -> float32 (out, in)
+    int4_nbytes(out_features, in_features, group_size, scale_bytes=2, zero_point=False) -> int bytes
+    pack_int4(codes int8 (..., n)) -> uint8 (..., ceil(n / 2));  unpack_int4(packed, n) -> int8 (..., n)
+    split_windows(ids, window, n_eval, n_calib) -> (eval (n_eval, window), calib (n_calib, window)) int64
+    perplexity(model, windows (n, T) int64) -> float
+    smoothquant_scales(act_absmax (in,), weight (out, in), alpha) -> float32 (in,)
+"""
+from __future__ import annotations
+
+import math
+import random
+from typing import Callable
+
+import torch
+
+from ..models.decoder import toy_decoder
+from ..quant import formats as Q
+from ..quant import packing as P
+from ..quant.perplexity import perplexity as reference_perplexity
+from ..quant.perplexity import token_windows
+from ..quant import smoothquant as SQ
+from .contracts import ContractError, attempts, check_int, check_own_function, check_real, check_tensor, close, diagnose
+from .tables import Contract, Edit, Fault, check_tables
+
+__all__ = ["check_quantize_symmetric", "check_quantize_asymmetric", "check_int4_nbytes", "check_pack_int4",
+           "check_split_windows", "check_perplexity", "check_smoothquant_scales", "sharp_toy_model",
+           "CONTRACTS", "FAULTS"]
+
+#: Relative tolerance of scales, zero points and dequantised values (float32 rounding only).
+RELATIVE = 1e-6
+#: Relative tolerance of the perplexity contract (a float32 log-softmax against the float64 reference).
+PERPLEXITY_RELATIVE = 1e-4
+#: Relative tolerance of the SmoothQuant scales (float32 powers).
+SMOOTH_RELATIVE = 1e-5
+#: A code may be either neighbour where w / s is this close to a rounding tie.
+TIE = 1e-4
+
+
+# -- inputs -----------------------------------------------------------------------------------
+def _weights(rng: random.Random, out_f: int, in_f: int, group: int) -> torch.Tensor:
+    """Gaussian weights of a random magnitude with, when there are enough groups, an all-zero
+    group, a group holding one large outlier and a group whose most negative value dominates
+    (so a scale taken from the signed maximum clips it)."""
+    gen = torch.Generator().manual_seed(rng.getrandbits(31))
+    w = torch.randn(out_f, in_f, generator=gen) * 10 ** rng.uniform(-3, 1)
+    cells = [(r, c) for r in range(out_f) for c in range(in_f // group)]
+    rng.shuffle(cells)
+    if len(cells) >= 4:
+        (r0, c0), (r1, c1), (r2, c2) = cells[:3]
+        w[r0, c0 * group:(c0 + 1) * group] = 0.0
+        w[r1, c1 * group + rng.randrange(group)] *= rng.uniform(20, 100)
+        block = w[r2, c2 * group:(c2 + 1) * group]
+        w[r2, c2 * group:(c2 + 1) * group] = -3 * block.abs() + block.abs().max() * 0.5 * (block > 0)
+    return w
+
+
+def _shape(rng: random.Random, case: int) -> tuple[int, int, int, int]:
+    """(out, in, group, bits) of a case: case 0 a small 4-bit grouped matrix, case 1 per-channel
+    (one group per row), then random sizes, group sizes dividing in_features, 2..8 bits."""
+    if case == 0:
+        return 4, 32, 8, 4
+    if case == 1:
+        in_f = rng.choice([24, 48, 96])
+        return rng.randint(2, 6), in_f, in_f, rng.choice([4, 8])
+    group = rng.choice([2, 4, 8, 16, 32, 64])
+    return rng.randint(1, 8), group * rng.randint(1, 6), group, rng.randint(2, 8)
+
+
+def _where(index) -> str:
+    return "(" + ", ".join(str(int(i)) for i in index) + ")"
+
+
+def _group_view(x: torch.Tensor, group: int) -> torch.Tensor:
+    return x.reshape(x.shape[0], x.shape[1] // group, group)
+
+
+def _expand(per_group: torch.Tensor, group: int) -> torch.Tensor:
+    return per_group.repeat_interleave(group, dim=1)
+
+
+def _same_scales(got: torch.Tensor, expected: torch.Tensor, zero_groups: torch.Tensor) -> bool:
+    """Equal to RELATIVE, all-zero groups excepted (any positive finite scale does there)."""
+    ok = (got.double() - expected.double()).abs() <= RELATIVE * expected.double().abs()
+    return bool((ok | zero_groups).all())
+
+
+def _code_mismatch(got: torch.Tensor, expected: torch.Tensor, ratio: torch.Tensor):
+    """The first index where codes differ other than by one at a rounding tie, or None."""
+    diff = got.to(torch.int32) - expected.to(torch.int32)
+    frac = ratio - ratio.floor()
+    tie = (frac - 0.5).abs() < TIE
+    bad = (diff != 0) & ~(tie & (diff.abs() == 1))
+    return None if not bool(bad.any()) else tuple(bad.nonzero()[0].tolist())
+
+
+def _ties(ratio: torch.Tensor) -> torch.Tensor:
+    return ((ratio - ratio.floor()) - 0.5).abs() < TIE
+
+
+# -- exercise 1: symmetric absmax -------------------------------------------------------------
+def _symmetric_variant(w: torch.Tensor, bits: int, group: int, *, qmax: int | None = None,
+                       signed_max: bool = False, levels_scale: bool = False, truncate: bool = False):
+    """Symmetric absmax quantisation with one known fault switched on: (codes, scales)."""
+    q = 2 ** (bits - 1) - 1 if qmax is None else qmax
+    g = _group_view(w.double(), group)
+    top = g.amax(dim=-1) if signed_max else g.abs().amax(dim=-1)
+    scales = (top / (2 ** bits - 1) if levels_scale else top / q).float()
+    scales = torch.where(top > 0, scales, torch.ones_like(scales))
+    x = g / scales.double()[..., None]
+    codes = torch.clamp(torch.trunc(x) if truncate else torch.round(x), -q, q)
+    return codes.reshape(w.shape).to(torch.int16), scales
+
+
+_SYMMETRIC_FAULTS = {
+    "qmax = 2^(b-1) instead of 2^(b-1) - 1 (the codes must stay in -qmax..qmax, symmetric around 0)":
+        lambda w, b, g: _symmetric_variant(w, b, g, qmax=2 ** (b - 1)),
+    "the scale taken from the largest value instead of the largest absolute value (a group whose most "
+    "negative weight dominates is clipped)": lambda w, b, g: _symmetric_variant(w, b, g, signed_max=True),
+    "the scale spread over 2^b - 1 levels (absmax / (2^b - 1)) instead of absmax / qmax":
+        lambda w, b, g: _symmetric_variant(w, b, g, levels_scale=True),
+    "codes truncated toward zero instead of rounded to the nearest integer":
+        lambda w, b, g: _symmetric_variant(w, b, g, truncate=True),
+}
+
+
+def _check_reconstruction(what: str, w: torch.Tensor, w_hat: torch.Tensor, scales: torch.Tensor, group: int,
+                          clipped: torch.Tensor | None = None) -> None:
+    """|w - w_hat| <= s/2 (+ float32 slack) wherever not clipped."""
+    s = _expand(scales.double(), group)
+    err = (w.double() - w_hat.double()).abs()
+    bound = s / 2 * (1 + 1e-5) + 1e-6 * w.double().abs() + 1e-30
+    over = err > bound
+    if clipped is not None:
+        over &= ~clipped
+    if bool(over.any()):
+        i = tuple(over.nonzero()[0].tolist())
+        raise ContractError(f"{what}: |w - w_hat| = {float(err[i]):.6g} at {_where(i)} exceeds s/2 = "
+                            f"{float(s[i]) / 2:.6g} (w = {float(w[i]):.6g}, w_hat = {float(w_hat[i]):.6g}); "
+                            "rounding to the nearest code never errs by more than half a step")
+
+
+def check_quantize_symmetric(quantize: Callable, dequantize: Callable, seed: int = 0, cases: int = 5) -> None:
+    """Contract: quantize(w, bits, group_size) returns int8 codes (out, in) and float32 scales
+    (out, in // group_size) equal to symmetric absmax quantisation per group along the input
+    dimension (``docs/quantization.md#symmetric-absmax``): qmax = 2^(bits-1) - 1, s = max|w| / qmax
+    (an all-zero group: any positive scale, codes 0), q = clamp(round(w / s), -qmax, qmax); and
+    dequantize(codes, scales, group_size) returns codes * s (float32), with |w - w_hat| <= s/2.
+    Case 0: 4 x 32, 4 bits, group 8; case 1 is per-channel (one group per row); the rest are drawn
+    (2..8 bits). Weights include an all-zero group, an outlier and a group whose most negative
+    value dominates."""
+    check_own_function("quantize_symmetric", quantize)
+    check_own_function("dequantize_symmetric", dequantize)
+    rng = random.Random(seed)
+    for case in range(cases):
+        out_f, in_f, group, bits = _shape(rng, case)
+        w = _weights(rng, out_f, in_f, group)
+        what = f"quantize_symmetric(case {case}: w {out_f} x {in_f}, bits={bits}, group_size={group})"
+        ref = Q.quantize(w, Q.QuantScheme(bits, "group", group, True, "fp32"))
+        result = quantize(w.clone(), bits, group)
+        if type(result) is not tuple or len(result) != 2:
+            raise ContractError(f"{what} must return a tuple (codes, scales), got {type(result).__qualname__}")
+        codes = check_tensor(f"{what}[0] (codes)", result[0], shape=(out_f, in_f), dtype=torch.int8)
+        scales = check_tensor(f"{what}[1] (scales)", result[1], shape=(out_f, in_f // group), dtype=torch.float32)
+        zero_groups = _group_view(w, group).abs().amax(dim=-1) == 0
+        ratio = (w.double() / _expand(ref.scales.double(), group))
+        variants = {name: (lambda f=f: f(w, bits, group)) for name, f in _SYMMETRIC_FAULTS.items()}
+
+        def same(got, candidate, ratio=ratio):
+            c_codes, c_scales = candidate
+            return _same_scales(got[1], c_scales, zero_groups) and _code_mismatch(got[0], c_codes, ratio) is None
+
+        if not _same_scales(scales, ref.scales, zero_groups):
+            i = tuple(((scales.double() - ref.scales.double()).abs() > RELATIVE * ref.scales.double().abs())
+                      .nonzero()[0].tolist())
+            err = (f"{what}: the scale of group {_where(i)} is {float(scales[i]):.8g}, expected "
+                   f"{float(ref.scales[i]):.8g} = max|w| / qmax over that group")
+            raise diagnose(err, (codes, scales), variants, same)
+        if bool((zero_groups & ~(scales > 0)).any()):
+            raise ContractError(f"{what}: an all-zero group needs a positive scale (any, e.g. 1), not "
+                                f"{float(scales[zero_groups][0])}")
+        bad = _code_mismatch(codes, ref.codes, ratio)
+        if bad is not None:
+            err = (f"{what}: code at {_where(bad)} is {int(codes[bad])}, expected {int(ref.codes[bad])} "
+                   f"(w = {float(w[bad]):.6g}, scale {float(_expand(ref.scales, group)[bad]):.6g})")
+            raise diagnose(err, (codes, scales), variants, same)
+        got = check_tensor(f"dequantize_symmetric(the codes of case {case})", dequantize(ref.codes.clone(),
+                           ref.scales.clone(), group), shape=(out_f, in_f), dtype=torch.float32)
+        expected = ref.dequantize()
+        off = (got.double() - expected.double()).abs() > RELATIVE * expected.double().abs() + 1e-30
+        if bool(off.any()):
+            i = tuple(off.nonzero()[0].tolist())
+            raise ContractError(f"dequantize_symmetric(case {case}): value at {_where(i)} is {float(got[i]):.8g}, "
+                                f"expected code * scale = {int(ref.codes[i])} * "
+                                f"{float(_expand(ref.scales, group)[i]):.8g} = {float(expected[i]):.8g}")
+        _check_reconstruction(f"dequantize_symmetric(quantize_symmetric(...)) in case {case}", w,
+                              dequantize(codes.clone(), scales.clone(), group), scales, group)
+
+
+# -- exercise 2: asymmetric min-max with a zero point -----------------------------------------
+def _asymmetric_variant(w: torch.Tensor, bits: int, group: int, *, zero_shift: int = 0, no_zero_in_range=False,
+                        floor_zero: bool = False):
+    """Asymmetric min-max quantisation with one known fault: (codes, scales, zeros)."""
+    levels = 2 ** bits - 1
+    g = _group_view(w, group)
+    lo, hi = g.amin(dim=-1), g.amax(dim=-1)
+    if not no_zero_in_range:
+        lo, hi = lo.clamp(max=0), hi.clamp(min=0)
+    scales = hi / levels - lo / levels
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    z = torch.floor(-lo / scales) if floor_zero else torch.round(-lo / scales)
+    zeros = torch.clamp(z + zero_shift, 0, levels)
+    codes = torch.clamp(torch.round(g / scales[..., None]) + zeros[..., None], 0, levels)
+    return codes.reshape(w.shape).to(torch.int16), scales, zeros
+
+
+_ASYMMETRIC_FAULTS = {
+    "the zero point off by one (z = round(-lo / s) + 1)": lambda w, b, g: _asymmetric_variant(w, b, g, zero_shift=1),
+    "the zero point off by one (z = round(-lo / s) - 1)": lambda w, b, g: _asymmetric_variant(w, b, g, zero_shift=-1),
+    "the zero point rounded down (floor) instead of to the nearest integer":
+        lambda w, b, g: _asymmetric_variant(w, b, g, floor_zero=True),
+    "the range not extended to include 0 (lo = min(min w, 0), hi = max(max w, 0))":
+        lambda w, b, g: _asymmetric_variant(w, b, g, no_zero_in_range=True),
+}
+
+
+def check_quantize_asymmetric(quantize: Callable, dequantize: Callable, seed: int = 0, cases: int = 5) -> None:
+    """Contract: quantize(w, bits, group_size) returns uint8 codes (out, in), float32 scales and
+    float32 zero points (out, in // group_size) of asymmetric min-max quantisation
+    (``docs/quantization.md#asymmetric-min-max``): L = 2^bits - 1, lo = min(min w, 0),
+    hi = max(max w, 0), s = hi/L - lo/L (an all-zero group: any positive scale), z = clamp(round(-lo/s),
+    0, L), q = clamp(round(w/s) + z, 0, L); dequantize(codes, scales, zeros, group_size) returns
+    (q - z) * s, with |w - w_hat| <= s/2 wherever w is not clipped at 0 or L. Same cases as the
+    symmetric check."""
+    check_own_function("quantize_asymmetric", quantize)
+    check_own_function("dequantize_asymmetric", dequantize)
+    rng = random.Random(seed)
+    for case in range(cases):
+        out_f, in_f, group, bits = _shape(rng, case)
+        w = _weights(rng, out_f, in_f, group)
+        what = f"quantize_asymmetric(case {case}: w {out_f} x {in_f}, bits={bits}, group_size={group})"
+        ref = Q.quantize(w, Q.QuantScheme(bits, "group", group, False, "fp32"))
+        result = quantize(w.clone(), bits, group)
+        if type(result) is not tuple or len(result) != 3:
+            raise ContractError(f"{what} must return a tuple (codes, scales, zeros), got {type(result).__qualname__}")
+        n_groups = in_f // group
+        codes = check_tensor(f"{what}[0] (codes)", result[0], shape=(out_f, in_f), dtype=torch.uint8)
+        scales = check_tensor(f"{what}[1] (scales)", result[1], shape=(out_f, n_groups), dtype=torch.float32)
+        zeros = check_tensor(f"{what}[2] (zero points)", result[2], shape=(out_f, n_groups), dtype=torch.float32)
+        zero_groups = _group_view(w, group).abs().amax(dim=-1) == 0
+        variants = {name: (lambda f=f: f(w, bits, group)) for name, f in _ASYMMETRIC_FAULTS.items()}
+        ratio = w.double() / _expand(ref.scales.double(), group)
+
+        def same(got, candidate, ratio=ratio):
+            c_codes, c_scales, c_zeros = candidate
+            return (_same_scales(got[1], c_scales, zero_groups) and bool(torch.equal(got[2], c_zeros.float()))
+                    and _code_mismatch(got[0], c_codes, ratio) is None)
+
+        if not _same_scales(scales, ref.scales, zero_groups):
+            i = tuple(((scales.double() - ref.scales.double()).abs() > RELATIVE * ref.scales.double().abs())
+                      .nonzero()[0].tolist())
+            err = (f"{what}: the scale of group {_where(i)} is {float(scales[i]):.8g}, expected "
+                   f"{float(ref.scales[i]):.8g} = (hi - lo) / L with lo = min(min w, 0), hi = max(max w, 0)")
+            raise diagnose(err, (codes, scales, zeros), variants, same)
+        if bool((zero_groups & ~(scales > 0)).any()):
+            raise ContractError(f"{what}: an all-zero group needs a positive scale (any, e.g. 1)")
+        wrong_zero = (zeros != ref.zeros) & ~zero_groups
+        if bool(wrong_zero.any()):
+            i = tuple(wrong_zero.nonzero()[0].tolist())
+            err = (f"{what}: the zero point of group {_where(i)} is {float(zeros[i]):g}, expected "
+                   f"{float(ref.zeros[i]):g} = clamp(round(-lo / s), 0, L)")
+            raise diagnose(err, (codes, scales, zeros), variants, same)
+        bad = _code_mismatch(codes, ref.codes, ratio)
+        if bad is not None:
+            err = (f"{what}: code at {_where(bad)} is {int(codes[bad])}, expected {int(ref.codes[bad])} "
+                   f"(w = {float(w[bad]):.6g}, scale {float(_expand(ref.scales, group)[bad]):.6g}, zero point "
+                   f"{float(_expand(ref.zeros, group)[bad]):g})")
+            raise diagnose(err, (codes, scales, zeros), variants, same)
+        got = check_tensor(f"dequantize_asymmetric(the codes of case {case})",
+                           dequantize(ref.codes.clone(), ref.scales.clone(), ref.zeros.clone(), group),
+                           shape=(out_f, in_f), dtype=torch.float32)
+        expected = ref.dequantize()
+        off = (got.double() - expected.double()).abs() > RELATIVE * expected.double().abs() + 1e-30
+        if bool(off.any()):
+            i = tuple(off.nonzero()[0].tolist())
+            raise ContractError(f"dequantize_asymmetric(case {case}): value at {_where(i)} is {float(got[i]):.8g}, "
+                                f"expected (code - zero point) * scale = {float(expected[i]):.8g}")
+        clipped = (ref.codes == 0) | (ref.codes == 2 ** bits - 1)
+        _check_reconstruction(f"dequantize_asymmetric(quantize_asymmetric(...)) in case {case}", w,
+                              dequantize(codes.clone(), scales.clone(), zeros.clone(), group), scales, group,
+                              clipped=clipped)
+
+
+# -- exercise 3: bytes of an int4 matrix ------------------------------------------------------
+def _bytes_variants(out_f, in_f, group, scale_bytes, zero_point) -> dict[str, int]:
+    n_scales = out_f * (in_f // group)
+    payload = out_f * math.ceil(in_f / 2)
+    zeros = n_scales * scale_bytes if zero_point else 0
+    return {
+        "the scale metadata left out (every group stores its scale: out * (in / g) * scale_bytes)": payload + zeros,
+        "only the packed payload counted (scales and zero points left out)": payload,
+        "the zero points left out": payload + n_scales * scale_bytes,
+        "one scale per group column instead of one per (row, group)": payload + (in_f // group) * scale_bytes * (
+            2 if zero_point else 1),
+        "the payload counted as one byte per weight": out_f * in_f + n_scales * scale_bytes + zeros,
+        "the payload counted in bits (4 per weight) instead of bytes": out_f * in_f * 4 + n_scales * scale_bytes + zeros,
+        "the whole matrix packed as one stream (ceil(out * in / 2)) instead of each row on its own":
+            math.ceil(out_f * in_f / 2) + n_scales * scale_bytes + zeros,
+    }
+
+
+def check_int4_nbytes(fn: Callable, seed: int = 0, cases: int = 6) -> None:
+    """Contract: fn(out_features, in_features, group_size, scale_bytes, zero_point) is the exact
+    storage of an int4 matrix (``docs/quantization.md#packed-byte-count``): out * ceil(in / 2) packed bytes
+    (each row packed on its own), plus out * (in / group_size) scales of ``scale_bytes`` each, plus
+    as many zero points of the same width when ``zero_point``. Case 0: the 96-weight fixture (4 x 24,
+    group 4, float32 scales: 144 B); case 1 SmolLM2's down_proj at int4 g64 fp16 + zero point; the
+    rest are drawn, with odd in_features."""
+    check_own_function("int4_nbytes", fn)
+    rng = random.Random(seed)
+    for case in range(cases):
+        if case == 0:
+            out_f, in_f, group, scale_bytes, zero_point = 4, 24, 4, 4, False
+        elif case == 1:
+            out_f, in_f, group, scale_bytes, zero_point = 576, 1536, 64, 2, True
+        else:
+            group = rng.choice([1, 3, 5, 16, 32, 64, 128])
+            out_f, in_f = rng.randint(1, 4096), group * rng.randint(1, 40)
+            scale_bytes, zero_point = rng.choice([2, 4]), rng.random() < 0.5
+        scheme = Q.QuantScheme(4, "group", group, not zero_point, "fp16" if scale_bytes == 2 else "fp32")
+        expected = Q.storage_bytes((out_f, in_f), scheme).total
+        what = (f"int4_nbytes({out_f}, {in_f}, group_size={group}, scale_bytes={scale_bytes}, "
+                f"zero_point={zero_point})")
+        got = check_int(what, fn(out_f, in_f, group, scale_bytes=scale_bytes, zero_point=zero_point))
+        if got == expected:
+            continue
+        err = f"{what}: expected {expected:,} B, got {got:,} B"
+        raise diagnose(err, got, {k: (lambda v=v: v) for k, v in
+                                  _bytes_variants(out_f, in_f, group, scale_bytes, zero_point).items()},
+                       lambda a, b: a == b)
+
+
+# -- exercise 4: packing ----------------------------------------------------------------------
+def _pack_variant(codes: torch.Tensor, *, swap=False, offset=False, magnitude=False) -> torch.Tensor:
+    c = codes.to(torch.int16)
+    if offset:
+        nib = c + 8
+    elif magnitude:
+        nib = torch.where(c < 0, 8 | (-c).clamp(max=7), c)
+    else:
+        nib = c & 0xF
+    if nib.shape[-1] % 2:
+        nib = torch.nn.functional.pad(nib, (0, 1))
+    low, high = nib[..., 0::2], nib[..., 1::2]
+    if swap:
+        low, high = high, low
+    return (low | (high << 4)).to(torch.uint8)
+
+
+_PACK_FAULTS = {
+    "the nibble order swapped: element 2j must go in the LOW nibble (bits 0-3) and 2j+1 in the high nibble":
+        dict(swap=True),
+    "negative codes stored in offset binary (code + 8) instead of two's complement (code & 0xF: -1 -> 0b1111)":
+        dict(offset=True),
+    "negative codes stored as sign and magnitude instead of two's complement (code & 0xF: -1 -> 0b1111)":
+        dict(magnitude=True),
+}
+
+
+def check_pack_int4(pack: Callable, unpack: Callable, seed: int = 0, cases: int = 5) -> None:
+    """Contract: pack(codes) for int8 codes (..., n) in -8..7 returns uint8 (..., ceil(n/2)) equal
+    byte for byte to the course layout (``docs/quantization.md#int4-packing``): element 2j in the low nibble
+    of byte j, element 2j+1 in the high nibble, each code as a two's complement nibble (code & 0xF),
+    a final high nibble of 0 when n is odd; unpack(packed, n) returns the int8 codes back, for all 16
+    codes. Case 0 holds all 256 (low, high) pairs; the rest are random 1-D to 3-D tensors, odd n
+    included."""
+    check_own_function("pack_int4", pack)
+    check_own_function("unpack_int4", unpack)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(rng.getrandbits(31))
+    for case in range(cases):
+        if case == 0:
+            values = torch.arange(-8, 8, dtype=torch.int8)
+            codes = torch.stack(torch.meshgrid(values, values, indexing="ij"), dim=-1).reshape(-1)
+        else:
+            shape = [rng.randint(1, 5) for _ in range(rng.randint(0, 2))] + [rng.randint(1, 41)]
+            codes = torch.randint(-8, 8, shape, generator=gen, dtype=torch.int8)
+        n = codes.shape[-1]
+        what = f"pack_int4(case {case}: codes of shape {tuple(codes.shape)})"
+        expected = P.pack_int4(codes)
+        got = check_tensor(what, pack(codes.clone()), shape=expected.shape, dtype=torch.uint8)
+        if not torch.equal(got, expected):
+            i = tuple((got != expected).nonzero()[0].tolist())
+            j = 2 * i[-1]
+            pair = codes[i[:-1] + (slice(j, j + 2),)].tolist()
+            err = (f"{what}: byte {_where(i)} is 0x{int(got[i]):02X}, expected 0x{int(expected[i]):02X} "
+                   f"(it packs codes {pair})")
+            raise diagnose(err, got, {k: (lambda f=f: _pack_variant(codes, **f)) for k, f in _PACK_FAULTS.items()},
+                           torch.equal)
+        back = check_tensor(f"unpack_int4(pack_int4(codes), {n}) in case {case}", unpack(expected.clone(), n),
+                            shape=codes.shape, dtype=torch.int8)
+        if not torch.equal(back, codes):
+            i = tuple((back != codes).nonzero()[0].tolist())
+            raise ContractError(f"unpack_int4 (case {case}): code at {_where(i)} came back as {int(back[i])}, "
+                                f"expected {int(codes[i])} (a nibble above 7 is negative: nibble - 16)")
+
+
+# -- exercise 5: evaluation and calibration windows -------------------------------------------
+def check_split_windows(fn: Callable, seed: int = 0, cases: int = 4) -> None:
+    """Contract: fn(ids, window, n_eval, n_calib) returns two int64 tensors (n_eval, window) and
+    (n_calib, window): the evaluation windows are the consecutive windows from token 0, the
+    calibration windows the next consecutive windows after them, so no token is in both
+    (``docs/quantization.md#perplexity``). The token ids here are distinct, so a window shows where
+    it was cut."""
+    check_own_function("split_windows", fn)
+    rng = random.Random(seed)
+    for case in range(cases):
+        window, n_eval, n_calib = (512, 8, 4) if case == 0 else (rng.randint(2, 64), rng.randint(1, 8),
+                                                                 rng.randint(1, 8))
+        extra = rng.randint(0, 3 * window)
+        gen = torch.Generator().manual_seed(rng.getrandbits(31))
+        ids = torch.randperm((n_eval + n_calib) * window + extra, generator=gen)
+        what = f"split_windows(case {case}: {ids.numel()} tokens, window={window}, n_eval={n_eval}, n_calib={n_calib})"
+        result = fn(ids.clone(), window, n_eval, n_calib)
+        if type(result) is not tuple or len(result) != 2:
+            raise ContractError(f"{what} must return a tuple (eval_windows, calib_windows)")
+        ev = check_tensor(f"{what}[0] (evaluation windows)", result[0], shape=(n_eval, window), dtype=torch.int64)
+        ca = check_tensor(f"{what}[1] (calibration windows)", result[1], shape=(n_calib, window), dtype=torch.int64)
+        shared = sorted(set(ev.flatten().tolist()) & set(ca.flatten().tolist()))
+        if shared:
+            position = int((ids == shared[0]).nonzero()[0])
+            raise ContractError(f"{what}: the calibration windows overlap the evaluation windows: {len(shared)} "
+                                f"token(s) are in both (e.g. the token at position {position}); statistics "
+                                "calibrated on the text they are evaluated on flatter the quantised model")
+        ref_ev, ref_ca = token_windows(ids, window, n_eval, n_calib)
+        for name, got, expected in (("evaluation", ev, ref_ev), ("calibration", ca, ref_ca)):
+            if not torch.equal(got, expected):
+                row = int((got != expected).any(dim=1).nonzero()[0])
+                start = int((ids == got[row, 0]).nonzero()[0]) if bool((ids == got[row, 0]).any()) else None
+                raise ContractError(f"{what}: {name} window {row} starts at token position {start}, expected "
+                                    f"{int((ids == expected[row, 0]).nonzero()[0])} (evaluation windows are "
+                                    "consecutive from token 0, calibration windows follow them)")
+
+
+# -- exercise 6: perplexity -------------------------------------------------------------------
+def sharp_toy_model(seed: int, vocab: int = 96, sharpness: float = 8.0):
+    """A small random decoder (2 blocks, width 64, ``vocab`` tokens) whose output head is scaled by
+    ``sharpness``, so its per-token losses, and so its per-window mean losses, vary widely."""
+    model = toy_decoder(seed, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,
+                        vocab_size=vocab)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpness)
+    return model
+
+
+@torch.no_grad()
+def _window_nlls(model, windows: torch.Tensor, shift: int = 1) -> list[tuple[float, int]]:
+    out = []
+    for ids in windows:
+        logits = model(ids[None], torch.arange(ids.numel()))[0].double()
+        logp = torch.log_softmax(logits, dim=-1)
+        if shift:
+            nll = -logp[:-1].gather(1, ids[1:, None]).sum()
+            out.append((float(nll), ids.numel() - 1))
+        else:
+            out.append((float(-logp.gather(1, ids[:, None]).sum()), ids.numel()))
+    return out
+
+
+def _perplexity_variants(model, windows) -> dict[str, Callable[[], float]]:
+    def nlls(shift=1):
+        return _window_nlls(model, windows, shift)
+    return {
+        "the mean of per-window perplexities instead of exp of the mean loss over all predictions":
+            lambda: sum(math.exp(s / c) for s, c in nlls()) / len(windows),
+        "T predictions counted per window instead of T - 1 (the last position predicts nothing in the window)":
+            lambda: math.exp(sum(s for s, _ in nlls()) / sum(c + 1 for _, c in nlls())),
+        "each position scored on its own token instead of the next one (targets not shifted)":
+            lambda: math.exp(sum(s for s, _ in nlls(0)) / sum(c for _, c in nlls(0))),
+        "2 ** mean loss (the loss is in nats: exp, not 2 **)":
+            lambda: 2 ** (sum(s for s, _ in nlls()) / sum(c for _, c in nlls())),
+    }
+
+
+def check_perplexity(fn: Callable, seed: int = 0, cases: int = 3) -> None:
+    """Contract: fn(model, windows) with windows (n, T) int64 returns exp of the mean next-token
+    loss over all n * (T - 1) predictions (``docs/quantization.md#perplexity``; natural log), equal
+    to ``course_lib.quant.perplexity`` (float64) to a relative 1e-4. ``model(ids (1, T), positions (T,))``
+    returns logits (1, T, vocab). The model is a small random decoder with a sharpened head
+    (``sharp_toy_model``), and each case's windows are redrawn until the mean of per-window
+    perplexities differs from the right answer by more than 1 %."""
+    check_own_function("perplexity", fn)
+    rng = random.Random(seed)
+    for case in range(cases):
+        model = sharp_toy_model(rng.getrandbits(16))
+        for _ in attempts("Lab 4"):
+            n, T = (4, 32) if case == 0 else (rng.randint(2, 6), rng.randint(8, 48))
+            gen = torch.Generator().manual_seed(rng.getrandbits(31))
+            windows = torch.randint(0, model.config.vocab_size, (n, T), generator=gen)
+            expected = reference_perplexity(model, windows)
+            mean_of_windows = sum(math.exp(s / c) for s, c in _window_nlls(model, windows)) / n
+            if abs(mean_of_windows / expected - 1) > 0.01:
+                break
+        what = f"perplexity(case {case}: {n} windows of {T} tokens)"
+        got = check_real(what, fn(model, windows.clone()))
+        if close(got, expected, rel=PERPLEXITY_RELATIVE):
+            continue
+        err = f"{what}: expected {expected:.8g}, got {got:.8g} (relative tolerance {PERPLEXITY_RELATIVE:g})"
+        raise diagnose(err, got, _perplexity_variants(model, windows),
+                       lambda a, b: close(a, b, rel=PERPLEXITY_RELATIVE))
+
+
+# -- exercise 7: SmoothQuant scales -----------------------------------------------------------
+def check_smoothquant_scales(fn: Callable, seed: int = 0, cases: int = 4) -> None:
+    """Contract: fn(act_absmax (in,), weight (out, in), alpha) returns float32 (in,) equal to
+    s_j = max|X_j|^alpha / max_i |W_ij|^(1 - alpha), both maxima clamped to at least 1e-5
+    (Xiao et al., SmoothQuant, arXiv:2211.10438; ``docs/quantization.md#smoothquant``), to a
+    relative 1e-5. Case 0 uses alpha 0.8 (at 0.5 swapped exponents give the same scales); inputs
+    include a few outlier channels and an all-zero weight column."""
+    check_own_function("smoothquant_scales", fn)
+    rng = random.Random(seed)
+    for case in range(cases):
+        gen = torch.Generator().manual_seed(rng.getrandbits(31))
+        out_f, in_f = rng.randint(2, 48), rng.randint(4, 64)
+        alpha = 0.8 if case == 0 else rng.choice([0.25, 0.5, 0.65, 0.8, round(rng.uniform(0.05, 0.95), 3)])
+        weight = torch.randn(out_f, in_f, generator=gen) * 0.05
+        weight[:, rng.randrange(in_f)] = 0.0
+        act = torch.rand(in_f, generator=gen) * 2 + 0.1
+        for j in rng.sample(range(in_f), k=min(3, in_f)):
+            act[j] *= rng.uniform(20, 200)
+        what = f"smoothquant_scales(case {case}: act_absmax ({in_f},), weight ({out_f}, {in_f}), alpha={alpha})"
+        expected = SQ.smoothing_scales(act, weight, alpha)
+        got = check_tensor(what, fn(act.clone(), weight.clone(), alpha), shape=(in_f,), dtype=torch.float32)
+        off = (got.double() - expected.double()).abs() > SMOOTH_RELATIVE * expected.double().abs()
+        if not bool(off.any()):
+            continue
+        j = int(off.nonzero()[0])
+        err = (f"{what}: s[{j}] = {float(got[j]):.8g}, expected {float(expected[j]):.8g} (max|X_j| = "
+               f"{float(act[j]):.6g}, max_i |W_ij| = {float(weight[:, j].abs().max()):.6g})")
+        x_max, w_max = act.clamp(min=1e-5), weight.abs().amax(dim=0).clamp(min=1e-5)
+
+        def same(a, b):
+            return bool(((a.double() - b.double()).abs() <= SMOOTH_RELATIVE * b.double().abs()).all())
+        raise diagnose(err, got, {
+            "the exponents swapped: max|X_j|^(1 - alpha) / max|W_j|^alpha instead of max|X_j|^alpha / max|W_j|^(1 - alpha)":
+                lambda: x_max ** (1 - alpha) / w_max ** alpha,
+            "the ratio inverted: max|W_j|^(1 - alpha) / max|X_j|^alpha": lambda: w_max ** (1 - alpha) / x_max ** alpha,
+            "the zero maxima not clamped to 1e-5": lambda: act ** alpha / weight.abs().amax(dim=0) ** (1 - alpha),
+        }, same)
+
+
+# -- the lab's declared tables (see tables.py) -------------------------------------------------
+CONTRACTS = (
+    Contract("test_quantize_symmetric", check_quantize_symmetric, ("quantize_symmetric", "dequantize_symmetric"),
+             references=("course_lib.quant.formats.quantize", "course_lib.quant.formats.dequantize",
+                         "course_lib.quant.formats.fake_quantize")),
+    Contract("test_quantize_asymmetric", check_quantize_asymmetric, ("quantize_asymmetric", "dequantize_asymmetric"),
+             references=("course_lib.quant.formats.quantize", "course_lib.quant.formats.dequantize",
+                         "course_lib.quant.formats.fake_quantize")),
+    Contract("test_int4_nbytes", check_int4_nbytes, ("int4_nbytes",),
+             references=("course_lib.quant.formats.storage_bytes", "course_lib.quant.formats.bits_per_weight")),
+    Contract("test_pack_int4", check_pack_int4, ("pack_int4", "unpack_int4"),
+             references=("course_lib.quant.packing.pack_int4", "course_lib.quant.packing.unpack_int4")),
+    Contract("test_split_windows", check_split_windows, ("split_windows",),
+             references=("course_lib.quant.perplexity.token_windows",)),
+    Contract("test_perplexity", check_perplexity, ("perplexity",),
+             references=("course_lib.quant.perplexity.perplexity", "course_lib.quant.perplexity.window_nll")),
+    Contract("test_smoothquant_scales", check_smoothquant_scales, ("smoothquant_scales",),
+             references=("course_lib.quant.smoothquant.smoothing_scales",)),
+)
+
+FAULTS = (
+    Fault("qmax_power_of_two",
+          (Edit("quantize_symmetric", "qmax = 2 ** (bits - 1) - 1", "qmax = 2 ** (bits - 1)"),),
+          {"test_quantize_symmetric": r"qmax = 2\^\(b-1\) instead"},
+          "uses qmax = 2^(b-1), one code past the symmetric range"),
+    Fault("scale_from_max",
+          (Edit("quantize_symmetric", "absmax = groups.abs().amax(dim=-1)", "absmax = groups.amax(dim=-1)"),),
+          {"test_quantize_symmetric": "largest value instead of the largest absolute value"},
+          "takes the scale from the largest weight instead of the largest magnitude"),
+    Fault("zero_point_off_by_one",
+          (Edit("quantize_asymmetric", "zeros = torch.clamp(torch.round(-lo / scales), 0, levels)",
+                "zeros = torch.clamp(torch.round(-lo / scales) + 1, 0, levels)"),),
+          {"test_quantize_asymmetric": "zero point off by one"},
+          "shifts the zero point by one code"),
+    Fault("scale_metadata_left_out",
+          (Edit("int4_nbytes", "return payload + scales + zeros", "return payload + zeros"),),
+          {"test_int4_nbytes": "scale metadata left out"},
+          "counts the packed codes but not the scales stored beside them"),
+    Fault("nibble_order_swapped",
+          (Edit("pack_int4", "return (low | (high << 4)).to(torch.uint8)", "return (high | (low << 4)).to(torch.uint8)"),),
+          {"test_pack_int4": "nibble order swapped"},
+          "puts the first code of each pair in the high nibble"),
+    Fault("sign_not_twos_complement",
+          (Edit("pack_int4", "nibbles = codes.to(torch.int16) & 0xF", "nibbles = codes.to(torch.int16) + 8"),),
+          {"test_pack_int4": "offset binary"},
+          "stores negative codes as code + 8 instead of two's complement nibbles"),
+    Fault("calibration_windows_evaluated",
+          (Edit("split_windows", "calib = ids[n_eval * window:needed]", "calib = ids[:n_calib * window]"),),
+          {"test_split_windows": "calibration windows overlap the evaluation windows"},
+          "calibrates on the windows it evaluates on"),
+    Fault("perplexity_mean_of_windows",
+          (Edit("perplexity", "return math.exp(sum(nlls) / sum(counts))",
+                "return sum(math.exp(s / c) for s, c in zip(nlls, counts)) / len(nlls)"),),
+          {"test_perplexity": "mean of per-window perplexities"},
+          "averages per-window perplexities instead of taking exp of the mean loss"),
+    Fault("smoothquant_exponents_swapped",
+          (Edit("smoothquant_scales", "return x_max ** alpha / w_max ** (1 - alpha)",
+                "return x_max ** (1 - alpha) / w_max ** alpha"),),
+          {"test_smoothquant_scales": "exponents swapped"},
+          "raises the activation maximum to 1 - alpha and the weight maximum to alpha"),
+)
+check_tables(CONTRACTS, FAULTS)
