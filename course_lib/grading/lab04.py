@@ -68,18 +68,21 @@ TIE = 1e-4
 # -- inputs -----------------------------------------------------------------------------------
 def _weights(rng: random.Random, out_f: int, in_f: int, group: int) -> torch.Tensor:
     """Gaussian weights of a random magnitude with, when there are enough groups, an all-zero
-    group, a group holding one large outlier and a group whose most negative value dominates
-    (so a scale taken from the signed maximum clips it)."""
+    group, a group holding one large outlier, a group whose most negative value dominates (so a
+    scale taken from the signed maximum clips it) and an all-positive group (so a range not widened
+    to contain 0 shows)."""
     gen = torch.Generator().manual_seed(rng.getrandbits(31))
     w = torch.randn(out_f, in_f, generator=gen) * 10 ** rng.uniform(-3, 1)
     cells = [(r, c) for r in range(out_f) for c in range(in_f // group)]
     rng.shuffle(cells)
     if len(cells) >= 4:
-        (r0, c0), (r1, c1), (r2, c2) = cells[:3]
+        (r0, c0), (r1, c1), (r2, c2), (r3, c3) = cells[:4]
         w[r0, c0 * group:(c0 + 1) * group] = 0.0
         w[r1, c1 * group + rng.randrange(group)] *= rng.uniform(20, 100)
         block = w[r2, c2 * group:(c2 + 1) * group]
         w[r2, c2 * group:(c2 + 1) * group] = -3 * block.abs() + block.abs().max() * 0.5 * (block > 0)
+        block = w[r3, c3 * group:(c3 + 1) * group]
+        w[r3, c3 * group:(c3 + 1) * group] = block.abs() + block.abs().mean()   # all positive: 0 is outside
     return w
 
 
@@ -109,8 +112,16 @@ def _expand(per_group: torch.Tensor, group: int) -> torch.Tensor:
 
 def _same_scales(got: torch.Tensor, expected: torch.Tensor, zero_groups: torch.Tensor) -> bool:
     """Equal to RELATIVE, all-zero groups excepted (any positive finite scale does there)."""
-    ok = (got.double() - expected.double()).abs() <= RELATIVE * expected.double().abs()
-    return bool((ok | zero_groups).all())
+    return _first_over(got, expected, ignore=zero_groups) is None
+
+
+def _first_over(got: torch.Tensor, expected: torch.Tensor, rel: float = RELATIVE, ignore=None):
+    """The first index where got differs from expected by more than rel * |expected| (+1e-30), all
+    ``ignore`` positions excepted, or None."""
+    over = (got.double() - expected.double()).abs() > rel * expected.double().abs() + 1e-30
+    if ignore is not None:
+        over &= ~ignore
+    return tuple(over.nonzero()[0].tolist()) if bool(over.any()) else None
 
 
 def _code_mismatch(got: torch.Tensor, expected: torch.Tensor, ratio: torch.Tensor):
@@ -122,20 +133,16 @@ def _code_mismatch(got: torch.Tensor, expected: torch.Tensor, ratio: torch.Tenso
     return None if not bool(bad.any()) else tuple(bad.nonzero()[0].tolist())
 
 
-def _ties(ratio: torch.Tensor) -> torch.Tensor:
-    return ((ratio - ratio.floor()) - 0.5).abs() < TIE
-
-
 # -- exercise 1: symmetric absmax -------------------------------------------------------------
 def _symmetric_variant(w: torch.Tensor, bits: int, group: int, *, qmax: int | None = None,
                        signed_max: bool = False, levels_scale: bool = False, truncate: bool = False):
     """Symmetric absmax quantisation with one known fault switched on: (codes, scales)."""
     q = 2 ** (bits - 1) - 1 if qmax is None else qmax
-    g = _group_view(w.double(), group)
+    g = _group_view(w, group)     # float32 arithmetic, as a learner's code does it
     top = g.amax(dim=-1) if signed_max else g.abs().amax(dim=-1)
-    scales = (top / (2 ** bits - 1) if levels_scale else top / q).float()
+    scales = top / (2 ** bits - 1) if levels_scale else top / q
     scales = torch.where(top > 0, scales, torch.ones_like(scales))
-    x = g / scales.double()[..., None]
+    x = g / scales[..., None]
     codes = torch.clamp(torch.trunc(x) if truncate else torch.round(x), -q, q)
     return codes.reshape(w.shape).to(torch.int16), scales
 
@@ -176,7 +183,7 @@ def check_quantize_symmetric(quantize: Callable, dequantize: Callable, seed: int
     dequantize(codes, scales, group_size) returns codes * s (float32), with |w - w_hat| <= s/2.
     Case 0: 4 x 32, 4 bits, group 8; case 1 is per-channel (one group per row); the rest are drawn
     (2..8 bits). Weights include an all-zero group, an outlier and a group whose most negative
-    value dominates."""
+    value dominates and an all-positive group."""
     check_own_function("quantize_symmetric", quantize)
     check_own_function("dequantize_symmetric", dequantize)
     rng = random.Random(seed)
@@ -198,9 +205,8 @@ def check_quantize_symmetric(quantize: Callable, dequantize: Callable, seed: int
             c_codes, c_scales = candidate
             return _same_scales(got[1], c_scales, zero_groups) and _code_mismatch(got[0], c_codes, ratio) is None
 
-        if not _same_scales(scales, ref.scales, zero_groups):
-            i = tuple(((scales.double() - ref.scales.double()).abs() > RELATIVE * ref.scales.double().abs())
-                      .nonzero()[0].tolist())
+        i = _first_over(scales, ref.scales, ignore=zero_groups)
+        if i is not None:
             err = (f"{what}: the scale of group {_where(i)} is {float(scales[i]):.8g}, expected "
                    f"{float(ref.scales[i]):.8g} = max|w| / qmax over that group")
             raise diagnose(err, (codes, scales), variants, same)
@@ -215,9 +221,8 @@ def check_quantize_symmetric(quantize: Callable, dequantize: Callable, seed: int
         got = check_tensor(f"dequantize_symmetric(the codes of case {case})", dequantize(ref.codes.clone(),
                            ref.scales.clone(), group), shape=(out_f, in_f), dtype=torch.float32)
         expected = ref.dequantize()
-        off = (got.double() - expected.double()).abs() > RELATIVE * expected.double().abs() + 1e-30
-        if bool(off.any()):
-            i = tuple(off.nonzero()[0].tolist())
+        i = _first_over(got, expected)
+        if i is not None:
             raise ContractError(f"dequantize_symmetric(case {case}): value at {_where(i)} is {float(got[i]):.8g}, "
                                 f"expected code * scale = {int(ref.codes[i])} * "
                                 f"{float(_expand(ref.scales, group)[i]):.8g} = {float(expected[i]):.8g}")
@@ -284,9 +289,8 @@ def check_quantize_asymmetric(quantize: Callable, dequantize: Callable, seed: in
             return (_same_scales(got[1], c_scales, zero_groups) and bool(torch.equal(got[2], c_zeros.float()))
                     and _code_mismatch(got[0], c_codes, ratio) is None)
 
-        if not _same_scales(scales, ref.scales, zero_groups):
-            i = tuple(((scales.double() - ref.scales.double()).abs() > RELATIVE * ref.scales.double().abs())
-                      .nonzero()[0].tolist())
+        i = _first_over(scales, ref.scales, ignore=zero_groups)
+        if i is not None:
             err = (f"{what}: the scale of group {_where(i)} is {float(scales[i]):.8g}, expected "
                    f"{float(ref.scales[i]):.8g} = (hi - lo) / L with lo = min(min w, 0), hi = max(max w, 0)")
             raise diagnose(err, (codes, scales, zeros), variants, same)
@@ -308,9 +312,8 @@ def check_quantize_asymmetric(quantize: Callable, dequantize: Callable, seed: in
                            dequantize(ref.codes.clone(), ref.scales.clone(), ref.zeros.clone(), group),
                            shape=(out_f, in_f), dtype=torch.float32)
         expected = ref.dequantize()
-        off = (got.double() - expected.double()).abs() > RELATIVE * expected.double().abs() + 1e-30
-        if bool(off.any()):
-            i = tuple(off.nonzero()[0].tolist())
+        i = _first_over(got, expected)
+        if i is not None:
             raise ContractError(f"dequantize_asymmetric(case {case}): value at {_where(i)} is {float(got[i]):.8g}, "
                                 f"expected (code - zero point) * scale = {float(expected[i]):.8g}")
         clipped = (ref.codes == 0) | (ref.codes == 2 ** bits - 1)
@@ -559,16 +562,16 @@ def check_smoothquant_scales(fn: Callable, seed: int = 0, cases: int = 4) -> Non
         what = f"smoothquant_scales(case {case}: act_absmax ({in_f},), weight ({out_f}, {in_f}), alpha={alpha})"
         expected = SQ.smoothing_scales(act, weight, alpha)
         got = check_tensor(what, fn(act.clone(), weight.clone(), alpha), shape=(in_f,), dtype=torch.float32)
-        off = (got.double() - expected.double()).abs() > SMOOTH_RELATIVE * expected.double().abs()
-        if not bool(off.any()):
+        first = _first_over(got, expected, SMOOTH_RELATIVE)
+        if first is None:
             continue
-        j = int(off.nonzero()[0])
+        j = first[0]
         err = (f"{what}: s[{j}] = {float(got[j]):.8g}, expected {float(expected[j]):.8g} (max|X_j| = "
                f"{float(act[j]):.6g}, max_i |W_ij| = {float(weight[:, j].abs().max()):.6g})")
         x_max, w_max = act.clamp(min=1e-5), weight.abs().amax(dim=0).clamp(min=1e-5)
 
         def same(a, b):
-            return bool(((a.double() - b.double()).abs() <= SMOOTH_RELATIVE * b.double().abs()).all())
+            return _first_over(a, b, SMOOTH_RELATIVE) is None
         raise diagnose(err, got, {
             "the exponents swapped: max|X_j|^(1 - alpha) / max|W_j|^alpha instead of max|X_j|^alpha / max|W_j|^(1 - alpha)":
                 lambda: x_max ** (1 - alpha) / w_max ** alpha,

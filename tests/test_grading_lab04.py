@@ -1,0 +1,164 @@
+"""Lab 4 checkers beyond what tests/test_lab_tables.py runs (the solution and every fault of
+lab04.FAULTS on a few seeds): the table's faults on more seeds, further faults the checkers name,
+equivalent solutions accepted (round half up, other dtypes of the same values where allowed), and
+rigged or malformed results refused."""
+import math
+
+import pytest
+import torch
+
+from course_lib import quant
+from course_lib.grading import ContractError, lab04
+from course_lib.grading.tables import Edit
+
+import solutions
+
+LAB = "04_quantization"
+ref = solutions.solution_functions(LAB)
+SEEDS = [0, 1, 2, 12345, 2**31 - 1]
+CHECKS = {c.test: c for c in lab04.CONTRACTS}
+
+
+def _run(contract, namespace, seed):
+    contract.checker(*(namespace[name] for name in contract.functions), seed=seed)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_solution_passes(seed):
+    namespace = solutions.solution_namespace(LAB)
+    for contract in lab04.CONTRACTS:
+        _run(contract, namespace, seed)
+
+
+@pytest.mark.parametrize("fault", [f.name for f in lab04.FAULTS])
+@pytest.mark.parametrize("seed", SEEDS[1:])
+def test_each_table_fault_fails_with_its_symptom(fault, seed):
+    declared = next(f for f in lab04.FAULTS if f.name == fault)
+    namespace = solutions.solution_namespace(LAB, declared.edits)
+    for test, symptom in declared.fails.items():
+        with pytest.raises(ContractError, match=symptom):
+            _run(CHECKS[test], namespace, seed)
+
+
+# faults the checkers name that have no sample submission: (cell, find, replace, test, symptom)
+MORE_FAULTS = {
+    "truncated codes": ("quantize_symmetric", "torch.round(groups / scales[..., None])",
+                        "torch.trunc(groups / scales[..., None])", "test_quantize_symmetric", "truncated toward zero"),
+    "range without zero": ("quantize_asymmetric", "lo = groups.amin(dim=-1).clamp(max=0)\n    hi = groups.amax(dim=-1).clamp(min=0)",
+                           "lo = groups.amin(dim=-1)\n    hi = groups.amax(dim=-1)",
+                           "test_quantize_asymmetric", "not extended to include 0"),
+    "payload as one stream": ("int4_nbytes", "payload = out_features * math.ceil(in_features / 2)",
+                              "payload = math.ceil(out_features * in_features / 2)", "test_int4_nbytes",
+                              "one stream"),
+    "sign and magnitude": ("pack_int4", "nibbles = codes.to(torch.int16) & 0xF",
+                           "nibbles = torch.where(codes < 0, 8 | (-codes.to(torch.int16)).clamp(max=7), "
+                           "codes.to(torch.int16))", "test_pack_int4", "sign and magnitude"),
+    "T predictions per window": ("perplexity", "counts.append(T - 1)", "counts.append(T)", "test_perplexity",
+                                 "T predictions counted"),
+    "log base 2": ("perplexity", "return math.exp(sum(nlls) / sum(counts))", "return 2 ** (sum(nlls) / sum(counts))",
+                   "test_perplexity", "2 \\*\\* mean loss"),
+    "inverted ratio": ("smoothquant_scales", "return x_max ** alpha / w_max ** (1 - alpha)",
+                       "return w_max ** (1 - alpha) / x_max ** alpha", "test_smoothquant_scales", "ratio inverted"),
+}
+
+
+@pytest.mark.parametrize("fault", MORE_FAULTS)
+@pytest.mark.parametrize("seed", SEEDS[:3])
+def test_more_faults_fail_with_their_symptom(fault, seed):
+    cell, old, new, test, symptom = MORE_FAULTS[fault]
+    namespace = solutions.solution_namespace(LAB, (Edit(cell, old, new),))
+    with pytest.raises(ContractError, match=symptom):
+        _run(CHECKS[test], namespace, seed)
+
+
+def test_round_half_up_is_accepted_at_ties():
+    """floor(x + 0.5) differs from round-half-to-even only at exact ties, where the contract takes
+    either neighbour; the hand case has a tie (2.5) to prove the tolerance is exercised."""
+    def quantize(w, bits, group_size):
+        codes, scales = ref.quantize_symmetric(w, bits, group_size)
+        groups = w.reshape(w.shape[0], -1, group_size) / scales[..., None]
+        qmax = 2 ** (bits - 1) - 1
+        up = torch.clamp(torch.floor(groups + 0.5), -qmax, qmax)
+        return up.reshape(w.shape).to(torch.int8), scales
+    w = torch.tensor([[2.5, 7.0, 0.0, -1.0]])
+    assert quantize(w, 4, 4)[0].tolist() != ref.quantize_symmetric(w, 4, 4)[0].tolist()   # a tie, rounded apart
+    for seed in SEEDS:
+        lab04.check_quantize_symmetric(quantize, ref.dequantize_symmetric, seed=seed)
+
+
+def test_a_zero_group_may_have_any_positive_scale():
+    def quantize(w, bits, group_size):
+        codes, scales = ref.quantize_symmetric(w, bits, group_size)
+        zero = w.reshape(w.shape[0], -1, group_size).abs().amax(dim=-1) == 0
+        return codes, torch.where(zero, torch.full_like(scales, 1e-8), scales)
+    lab04.check_quantize_symmetric(quantize, ref.dequantize_symmetric, seed=0)
+
+    def no_scale(w, bits, group_size):
+        codes, scales = ref.quantize_symmetric(w, bits, group_size)
+        zero = w.reshape(w.shape[0], -1, group_size).abs().amax(dim=-1) == 0
+        return codes, torch.where(zero, torch.zeros_like(scales), scales)
+    with pytest.raises(ContractError, match="positive scale"):
+        lab04.check_quantize_symmetric(no_scale, ref.dequantize_symmetric, seed=0)
+
+
+class Rigged(float):
+    def __eq__(self, other):
+        return True
+    __hash__ = float.__hash__
+
+
+class Tensorish(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: lab04.check_quantize_symmetric(lambda w, b, g: ref.quantize_symmetric(w, b, g)[0],
+                                            ref.dequantize_symmetric), "must return a tuple"),
+    (lambda: lab04.check_quantize_symmetric(
+        lambda w, b, g: tuple(t.to(torch.int32) if t.dtype == torch.int8 else t for t in ref.quantize_symmetric(w, b, g)),
+        ref.dequantize_symmetric), "dtype torch.int8"),
+    (lambda: lab04.check_quantize_symmetric(
+        lambda w, b, g: tuple(t.as_subclass(Tensorish) for t in ref.quantize_symmetric(w, b, g)),
+        ref.dequantize_symmetric), "must be a torch.Tensor"),
+    (lambda: lab04.check_quantize_asymmetric(
+        lambda w, b, g: (*ref.quantize_asymmetric(w, b, g)[:2], ref.quantize_asymmetric(w, b, g)[2][:, :1]),
+        ref.dequantize_asymmetric), "shape"),
+    (lambda: lab04.check_int4_nbytes(lambda *a, **k: 144.0), "int"),
+    (lambda: lab04.check_pack_int4(lambda c: ref.pack_int4(c).to(torch.int16), ref.unpack_int4), "dtype torch.uint8"),
+    (lambda: lab04.check_pack_int4(ref.pack_int4, lambda p, n: ref.unpack_int4(p, n).to(torch.uint8)),
+     "dtype torch.int8"),
+    (lambda: lab04.check_split_windows(lambda ids, w, e, c: [x for x in ref.split_windows(ids, w, e, c)]),
+     "must return a tuple"),
+    (lambda: lab04.check_perplexity(lambda m, w: Rigged(1.0)), "must be a number"),
+    (lambda: lab04.check_perplexity(lambda m, w: float("nan")), "finite|NaN|number"),
+    (lambda: lab04.check_smoothquant_scales(lambda a, w, al: ref.smoothquant_scales(a, w, al).double()),
+     "dtype torch.float32"),
+    (lambda: lab04.check_smoothquant_scales(quant.smoothing_scales), "course_lib's reference"),
+    (lambda: lab04.check_pack_int4(quant.pack_int4, quant.unpack_int4), "course_lib's reference"),
+])
+def test_rigged_and_malformed_results_are_refused(call, message):
+    with pytest.raises(ContractError, match=message):
+        call()
+
+
+def test_unpack_reading_nibbles_as_unsigned_is_caught():
+    def unpack(packed, n):
+        p = packed.to(torch.int16)
+        return torch.stack([p & 0xF, p >> 4], dim=-1).flatten(-2)[..., :n].to(torch.int8)
+    with pytest.raises(ContractError, match="nibble above 7 is negative"):
+        lab04.check_pack_int4(ref.pack_int4, unpack, seed=0)
+
+
+def test_the_perplexity_case_separates_the_two_means():
+    """The sharpened toy model's windows differ enough that the mean of per-window perplexities
+    is more than 1 % off exp of the mean loss (what check_perplexity redraws for)."""
+    model = lab04.sharp_toy_model(3)
+    windows = torch.randint(0, model.config.vocab_size, (4, 32), generator=torch.Generator().manual_seed(0))
+    right = ref.perplexity(model, windows)
+    nlls = []
+    with torch.no_grad():
+        for ids in windows:
+            logp = torch.log_softmax(model(ids[None], torch.arange(32))[0][:-1].double(), dim=-1)
+            nlls.append(-float(logp.gather(1, ids[1:, None]).sum()) / 31)
+    assert math.isclose(right, math.exp(sum(nlls) / 4), rel_tol=1e-9)
+    assert abs(sum(math.exp(x) for x in nlls) / 4 / right - 1) > 0.01
