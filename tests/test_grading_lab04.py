@@ -162,3 +162,26 @@ def test_the_perplexity_case_separates_the_two_means():
             nlls.append(-float(logp.gather(1, ids[1:, None]).sum()) / 31)
     assert math.isclose(right, math.exp(sum(nlls) / 4), rel_tol=1e-9)
     assert abs(sum(math.exp(x) for x in nlls) / 4 / right - 1) > 0.01
+
+
+def test_an_all_zero_group_must_dequantise_to_zeros():
+    """A zero point of L with a huge scale in an all-zero group turns zeros into -L * scale."""
+    def quantize(w, bits, group_size):
+        codes, scales, zeros = ref.quantize_asymmetric(w, bits, group_size)
+        zero = w.reshape(w.shape[0], -1, group_size).abs().amax(dim=-1) == 0
+        return codes, torch.where(zero, torch.full_like(scales, 1e30), scales), torch.where(
+            zero, torch.full_like(zeros, 2 ** bits - 1), zeros)
+    with pytest.raises(ContractError, match="all-zero group must come back as zeros"):
+        lab04.check_quantize_asymmetric(quantize, ref.dequantize_asymmetric, seed=0)
+
+
+def test_split_windows_cannot_pass_by_recognising_distinct_ids():
+    """A split that is right only when every id is distinct (as a permutation's are) fails the
+    cases drawn from a small vocabulary."""
+    def split(ids, window, n_eval, n_calib):
+        evaluation, calib = ref.split_windows(ids, window, n_eval, n_calib)
+        if len(set(ids.tolist())) == ids.numel():
+            return evaluation, calib
+        return evaluation, ids[:n_calib * window].reshape(n_calib, window)
+    with pytest.raises(ContractError, match="calibration windows overlap the evaluation windows"):
+        lab04.check_split_windows(split, seed=0)

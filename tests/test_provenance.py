@@ -169,6 +169,22 @@ def test_code_that_does_not_reach_the_reference_is_not_flagged(how):
     assert reached(NOT_REACHING[how]) == [], how
 
 
+PPL = "course_lib.quant.perplexity.perplexity"   # a function whose package rebinds its submodule's name
+
+
+@pytest.mark.parametrize("how, cell", [
+    ("from the package", "from course_lib.quant import perplexity as p\ndef perplexity(m, w):\n    return p(m, w)"),
+    ("package attribute", "from course_lib import quant\ndef perplexity(m, w):\n    return quant.perplexity(m, w)"),
+    ("import as", "import course_lib.quant.perplexity as p\ndef perplexity(m, w):\n    return p(m, w)"),
+    ("the submodule's own name", "from course_lib.quant.perplexity import perplexity as p\n"
+                                 "def perplexity(m, w):\n    return p(m, w)"),
+])
+def test_a_name_rebound_by_its_package_resolves_as_python_does(how, cell):
+    """``course_lib.quant.perplexity`` is, as an attribute of the package, the function (the
+    package's __init__ rebinds it over the submodule): every spelling of it reaches the reference."""
+    assert reached([cell], function="perplexity", references=(PPL,)) == [PPL], how
+
+
 def test_a_finding_names_the_chain_and_the_learner_text():
     cells = [HEADER, "def _helper(*a):\n    return roofline.kv_bytes_per_token(*a)",
              "def kv_bytes_per_token(c, b=2):\n    return _helper(c, b)"]

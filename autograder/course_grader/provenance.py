@@ -845,9 +845,12 @@ class Analysis:
             if _library(name):
                 from course_lib.grading.tables import resolve_reference
                 try:
-                    obj = _identity(resolve_reference(name))
+                    obj = _identity(_by_attributes(name))
                 except LookupError:
-                    obj = None
+                    try:
+                        obj = _identity(resolve_reference(name))
+                    except LookupError:
+                        obj = None
             self._resolved[name] = obj
         return self._resolved[name]
 
@@ -1151,6 +1154,31 @@ def _short(node: ast.AST) -> str:
     except Exception:
         return type(node).__name__
     return text if len(text) <= _TEXT else text[:_TEXT - 3] + "..."
+
+
+def _by_attributes(name: str):
+    """The object a learner's dotted name denotes when Python evaluates it: ``from a.b import c``,
+    ``a.b.c`` and ``import a.b.c as d`` all take ``c`` as an attribute of ``a.b`` first (a package
+    that rebinds a submodule's name to a function, as ``course_lib.quant.perplexity`` is, gives the
+    function), importing a submodule only where the attribute is missing. Only course_lib names
+    without a ``__`` part.
+
+    Raises: LookupError when a part is neither an attribute nor an importable submodule."""
+    import importlib
+
+    parts = name.split(".")
+    if parts[0] != "course_lib" or any(p.startswith("__") for p in parts):
+        raise LookupError(name)
+    try:
+        obj = importlib.import_module("course_lib")
+        for i, part in enumerate(parts[1:], start=2):
+            try:
+                obj = getattr(obj, part)
+            except AttributeError:
+                obj = importlib.import_module(".".join(parts[:i]))
+    except Exception:
+        raise LookupError(name) from None
+    return obj
 
 
 def _identity(obj):

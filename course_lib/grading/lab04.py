@@ -316,10 +316,16 @@ def check_quantize_asymmetric(quantize: Callable, dequantize: Callable, seed: in
         if i is not None:
             raise ContractError(f"dequantize_asymmetric(case {case}): value at {_where(i)} is {float(got[i]):.8g}, "
                                 f"expected (code - zero point) * scale = {float(expected[i]):.8g}")
-        clipped = (ref.codes == 0) | (ref.codes == 2 ** bits - 1)
-        _check_reconstruction(f"dequantize_asymmetric(quantize_asymmetric(...)) in case {case}", w,
-                              dequantize(codes.clone(), scales.clone(), zeros.clone(), group), scales, group,
-                              clipped=clipped)
+        mine = check_tensor(f"dequantize_asymmetric(quantize_asymmetric(...)) in case {case}",
+                            dequantize(codes.clone(), scales.clone(), zeros.clone(), group), shape=(out_f, in_f),
+                            dtype=torch.float32)
+        if bool((_expand(zero_groups, group) & (mine != 0)).any()):
+            raise ContractError(f"{what}: an all-zero group must come back as zeros (its codes equal to its zero "
+                                "point), got a non-zero value after dequantisation")
+        raw = torch.round(w.double() / _expand(ref.scales.double(), group)) + _expand(ref.zeros.double(), group)
+        clipped = (raw < 0) | (raw > 2 ** bits - 1)     # outside the grid before the clamp
+        _check_reconstruction(f"dequantize_asymmetric(quantize_asymmetric(...)) in case {case}", w, mine, scales,
+                              group, clipped=clipped)
 
 
 # -- exercise 3: bytes of an int4 matrix ------------------------------------------------------
@@ -437,40 +443,54 @@ def check_pack_int4(pack: Callable, unpack: Callable, seed: int = 0, cases: int 
 
 
 # -- exercise 5: evaluation and calibration windows -------------------------------------------
+def _starts(ids: torch.Tensor, windows: torch.Tensor, window: int) -> list[int | None]:
+    """The token position each row of ``windows`` was cut from (the first consecutive slice of
+    ``ids`` equal to it), None for a row that is no slice of ids."""
+    slices = ids.unfold(0, window, 1)                    # (N - window + 1, window): every slice
+    out = []
+    for row in windows:
+        hit = (slices == row).all(dim=1).nonzero()
+        out.append(int(hit[0]) if hit.numel() else None)
+    return out
+
+
 def check_split_windows(fn: Callable, seed: int = 0, cases: int = 4) -> None:
     """Contract: fn(ids, window, n_eval, n_calib) returns two int64 tensors (n_eval, window) and
     (n_calib, window): the evaluation windows are the consecutive windows from token 0, the
-    calibration windows the next consecutive windows after them, so no token is in both
-    (``docs/quantization.md#perplexity``). The token ids here are distinct, so a window shows where
-    it was cut."""
+    calibration windows the next consecutive windows after them, so no token position is in both
+    (``docs/quantization.md#perplexity``). Even cases draw distinct token ids, odd cases ids from a
+    small vocabulary (repeats, as in real text); the windows must equal the reference's exactly, and
+    a failure says where each window was cut."""
     check_own_function("split_windows", fn)
     rng = random.Random(seed)
     for case in range(cases):
         window, n_eval, n_calib = (512, 8, 4) if case == 0 else (rng.randint(2, 64), rng.randint(1, 8),
                                                                  rng.randint(1, 8))
-        extra = rng.randint(0, 3 * window)
+        n = (n_eval + n_calib) * window + rng.randint(0, 3 * window)
         gen = torch.Generator().manual_seed(rng.getrandbits(31))
-        ids = torch.randperm((n_eval + n_calib) * window + extra, generator=gen)
+        ids = torch.randperm(n, generator=gen) if case % 2 == 0 else torch.randint(0, 50, (n,), generator=gen)
         what = f"split_windows(case {case}: {ids.numel()} tokens, window={window}, n_eval={n_eval}, n_calib={n_calib})"
         result = fn(ids.clone(), window, n_eval, n_calib)
         if type(result) is not tuple or len(result) != 2:
             raise ContractError(f"{what} must return a tuple (eval_windows, calib_windows)")
         ev = check_tensor(f"{what}[0] (evaluation windows)", result[0], shape=(n_eval, window), dtype=torch.int64)
         ca = check_tensor(f"{what}[1] (calibration windows)", result[1], shape=(n_calib, window), dtype=torch.int64)
-        shared = sorted(set(ev.flatten().tolist()) & set(ca.flatten().tolist()))
-        if shared:
-            position = int((ids == shared[0]).nonzero()[0])
-            raise ContractError(f"{what}: the calibration windows overlap the evaluation windows: {len(shared)} "
-                                f"token(s) are in both (e.g. the token at position {position}); statistics "
-                                "calibrated on the text they are evaluated on flatter the quantised model")
         ref_ev, ref_ca = token_windows(ids, window, n_eval, n_calib)
-        for name, got, expected in (("evaluation", ev, ref_ev), ("calibration", ca, ref_ca)):
-            if not torch.equal(got, expected):
-                row = int((got != expected).any(dim=1).nonzero()[0])
-                start = int((ids == got[row, 0]).nonzero()[0]) if bool((ids == got[row, 0]).any()) else None
-                raise ContractError(f"{what}: {name} window {row} starts at token position {start}, expected "
-                                    f"{int((ids == expected[row, 0]).nonzero()[0])} (evaluation windows are "
-                                    "consecutive from token 0, calibration windows follow them)")
+        if torch.equal(ev, ref_ev) and torch.equal(ca, ref_ca):
+            continue
+        got_ev, got_ca = _starts(ids, ev, window), _starts(ids, ca, window)
+        evaluated = {p for start in got_ev if start is not None for p in range(start, start + window)}
+        shared = [start for start in got_ca if start is not None and evaluated & set(range(start, start + window))]
+        if shared:
+            raise ContractError(f"{what}: the calibration windows overlap the evaluation windows (a calibration "
+                                f"window starts at token position {shared[0]}, inside the evaluated text; "
+                                f"evaluation windows start at {got_ev}); statistics calibrated on the text they "
+                                "are evaluated on flatter the quantised model")
+        raise ContractError(f"{what}: the windows start at token positions {got_ev} (evaluation) and {got_ca} "
+                            f"(calibration; None: not a slice of ids); expected "
+                            f"{[i * window for i in range(n_eval)]} and "
+                            f"{[(n_eval + i) * window for i in range(n_calib)]} (evaluation windows are "
+                            "consecutive from token 0, calibration windows follow them)")
 
 
 # -- exercise 6: perplexity -------------------------------------------------------------------
@@ -581,17 +601,26 @@ def check_smoothquant_scales(fn: Callable, seed: int = 0, cases: int = 4) -> Non
 
 
 # -- the lab's declared tables (see tables.py) -------------------------------------------------
+#: Everything in course_lib that quantises or dequantises a weight: the quantisation exercises' references.
+_QUANTIZERS = ("course_lib.quant.formats.quantize", "course_lib.quant.formats.dequantize",
+               "course_lib.quant.formats.fake_quantize", "course_lib.quant.formats.QuantizedTensor.dequantize",
+               "course_lib.quant.packing.pack_weight", "course_lib.quant.packing.PackedInt4.dequantize",
+               "course_lib.quant.gptq.gptq_quantize")
+
 CONTRACTS = (
     Contract("test_quantize_symmetric", check_quantize_symmetric, ("quantize_symmetric", "dequantize_symmetric"),
-             references=("course_lib.quant.formats.quantize", "course_lib.quant.formats.dequantize",
-                         "course_lib.quant.formats.fake_quantize")),
+             references=_QUANTIZERS),
     Contract("test_quantize_asymmetric", check_quantize_asymmetric, ("quantize_asymmetric", "dequantize_asymmetric"),
-             references=("course_lib.quant.formats.quantize", "course_lib.quant.formats.dequantize",
-                         "course_lib.quant.formats.fake_quantize")),
+             references=_QUANTIZERS),
     Contract("test_int4_nbytes", check_int4_nbytes, ("int4_nbytes",),
-             references=("course_lib.quant.formats.storage_bytes", "course_lib.quant.formats.bits_per_weight")),
+             references=("course_lib.quant.formats.storage_bytes", "course_lib.quant.formats.bits_per_weight",
+                         "course_lib.quant.formats.StorageBytes.total",
+                         "course_lib.quant.formats.StorageBytes.bits_per_weight",
+                         "course_lib.quant.packing.PackedInt4.nbytes")),
     Contract("test_pack_int4", check_pack_int4, ("pack_int4", "unpack_int4"),
-             references=("course_lib.quant.packing.pack_int4", "course_lib.quant.packing.unpack_int4")),
+             references=("course_lib.quant.packing.pack_int4", "course_lib.quant.packing.unpack_int4",
+                         "course_lib.quant.packing.pack_weight", "course_lib.quant.packing.PackedInt4.from_quantized",
+                         "course_lib.quant.packing.PackedInt4.dequantize")),
     Contract("test_split_windows", check_split_windows, ("split_windows",),
              references=("course_lib.quant.perplexity.token_windows",)),
     Contract("test_perplexity", check_perplexity, ("perplexity",),
