@@ -160,7 +160,7 @@ def test_the_perplexity_case_separates_the_two_means():
         for ids in windows:
             logp = torch.log_softmax(model(ids[None], torch.arange(32))[0][:-1].double(), dim=-1)
             nlls.append(-float(logp.gather(1, ids[1:, None]).sum()) / 31)
-    assert math.isclose(right, math.exp(sum(nlls) / 4), rel_tol=1e-9)
+    assert math.isclose(right, math.exp(sum(nlls) / 4), rel_tol=1e-6)   # the solution takes a float32 log-softmax
     assert abs(sum(math.exp(x) for x in nlls) / 4 / right - 1) > 0.01
 
 
