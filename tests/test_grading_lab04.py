@@ -50,6 +50,8 @@ MORE_FAULTS = {
     "payload as one stream": ("int4_nbytes", "payload = out_features * math.ceil(in_features / 2)",
                               "payload = math.ceil(out_features * in_features / 2)", "test_int4_nbytes",
                               "one stream"),
+    "payload rounded down": ("int4_nbytes", "payload = out_features * math.ceil(in_features / 2)",
+                             "payload = out_features * (in_features // 2)", "test_int4_nbytes", "rounded down"),
     "sign and magnitude": ("pack_int4", "nibbles = codes.to(torch.int16) & 0xF",
                            "nibbles = torch.where(codes < 0, 8 | (-codes.to(torch.int16)).clamp(max=7), "
                            "codes.to(torch.int16))", "test_pack_int4", "sign and magnitude"),

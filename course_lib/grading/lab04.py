@@ -341,6 +341,8 @@ def _bytes_variants(out_f, in_f, group, scale_bytes, zero_point) -> dict[str, in
             2 if zero_point else 1),
         "the payload counted as one byte per weight": out_f * in_f + n_scales * scale_bytes + zeros,
         "the payload counted in bits (4 per weight) instead of bytes": out_f * in_f * 4 + n_scales * scale_bytes + zeros,
+        "the payload rounded down (out * floor(in / 2)): an odd row needs ceil(in / 2) bytes, its last code "
+        "alone in a byte": out_f * (in_f // 2) + n_scales * scale_bytes + zeros,
         "the whole matrix packed as one stream (ceil(out * in / 2)) instead of each row on its own":
             math.ceil(out_f * in_f / 2) + n_scales * scale_bytes + zeros,
     }
@@ -351,8 +353,8 @@ def check_int4_nbytes(fn: Callable, seed: int = 0, cases: int = 6) -> None:
     storage of an int4 matrix (``docs/quantization.md#packed-byte-count``): out * ceil(in / 2) packed bytes
     (each row packed on its own), plus out * (in / group_size) scales of ``scale_bytes`` each, plus
     as many zero points of the same width when ``zero_point``. Case 0: the 96-weight fixture (4 x 24,
-    group 4, float32 scales: 144 B); case 1 SmolLM2's down_proj at int4 g64 fp16 + zero point; the
-    rest are drawn, with odd in_features."""
+    group 4, float32 scales: 144 B); case 1 SmolLM2's down_proj at int4 g64 fp16 + zero point; case 2
+    has an odd in_features (7 x 15, group 5); the rest are drawn, odd in_features included."""
     check_own_function("int4_nbytes", fn)
     rng = random.Random(seed)
     for case in range(cases):
@@ -360,6 +362,8 @@ def check_int4_nbytes(fn: Callable, seed: int = 0, cases: int = 6) -> None:
             out_f, in_f, group, scale_bytes, zero_point = 4, 24, 4, 4, False
         elif case == 1:
             out_f, in_f, group, scale_bytes, zero_point = 576, 1536, 64, 2, True
+        elif case == 2:
+            out_f, in_f, group, scale_bytes, zero_point = 7, 15, 5, 2, False
         else:
             group = rng.choice([1, 3, 5, 16, 32, 64, 128])
             out_f, in_f = rng.randint(1, 4096), group * rng.randint(1, 40)
