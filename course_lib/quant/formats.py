@@ -248,9 +248,23 @@ class QuantizedTensor:
         """``w_hat``: float32 (out, in); ``q * s`` (symmetric) or ``(q - z) * s`` (asymmetric)."""
         rows, groups = self.scales.shape
         q = self.codes.to(torch.float32).reshape(rows, groups, -1)
-        if self.zeros is not None:
-            q = q - self.zeros.unsqueeze(-1)
-        return (q * self.scales.unsqueeze(-1)).reshape(self.codes.shape)
+        z = None if self.zeros is None else self.zeros.unsqueeze(-1)
+        return grid_values(q, self.scales.unsqueeze(-1), z).reshape(self.codes.shape)
+
+
+def grid_codes(x: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None, bits: int) -> torch.Tensor:
+    """Float codes of x on the grid of scale s and zero point z (broadcast against x): symmetric
+    (z None) clamp(round(x / s), -qmax, qmax), asymmetric clamp(round(x / s) + z, 0, 2^bits - 1)
+    (module docstring). The one rounding rule of ``quantize`` and of GPTQ's column-by-column pass."""
+    if z is None:
+        top = qmax(bits)
+        return torch.clamp(torch.round(x / s), -top, top)
+    return torch.clamp(torch.round(x / s) + z, 0, 2 ** bits - 1)
+
+
+def grid_values(q: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
+    """w_hat of codes q: q * s (symmetric, z None) or (q - z) * s, broadcast."""
+    return q * s if z is None else (q - z) * s
 
 
 def _finite_codes(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -290,7 +304,7 @@ def quantize(w: torch.Tensor, scheme: QuantScheme) -> QuantizedTensor:
         nonzero = absmax > 0
         s = torch.where(nonzero, absmax / top, torch.ones_like(absmax))
         s = _stored_scale(s, nonzero, scheme)
-        q = torch.clamp(torch.round(g / s.unsqueeze(-1)), -top, top)
+        q = grid_codes(g, s.unsqueeze(-1), None, scheme.bits)
         codes = _finite_codes(q, torch.zeros_like(s), s).to(torch.int8)
         zeros = None
     else:
@@ -301,7 +315,7 @@ def quantize(w: torch.Tensor, scheme: QuantScheme) -> QuantizedTensor:
         s = torch.where(nonzero, hi / levels - lo / levels, torch.ones_like(hi))
         s = _stored_scale(s, nonzero, scheme)
         z = torch.clamp(torch.round(-lo / s), 0, levels)
-        q = torch.clamp(torch.round(g / s.unsqueeze(-1)) + z.unsqueeze(-1), 0, levels)
+        q = grid_codes(g, s.unsqueeze(-1), z.unsqueeze(-1), scheme.bits)
         codes = _finite_codes(q, z, s).to(torch.uint8)
         zeros = z
     return QuantizedTensor(codes.reshape(w32.shape), s, zeros, scheme)

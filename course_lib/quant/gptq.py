@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..validation import ArgumentTypeError, boolean, instance, number, positive_integer
-from .formats import QuantizedTensor, QuantScheme, qmax, quantize
+from .formats import QuantizedTensor, QuantScheme, grid_codes, grid_values, quantize
 from .outliers import observe_linear_inputs, run_windows
 from .perplexity import select_linear_layers
 
@@ -193,7 +193,6 @@ class _Grid:
     def __init__(self, scheme: QuantScheme):
         self.scheme = scheme
         self.channel_scheme = QuantScheme(scheme.bits, "channel", None, scheme.symmetric, scheme.scale_dtype)
-        self.top = qmax(scheme.bits) if scheme.symmetric else 2 ** scheme.bits - 1
 
     def fit(self, w: torch.Tensor, whole_tensor: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(scale, zero) of shape (out, 1) from the weights w (out, k), as ``formats.quantize`` sets them."""
@@ -207,14 +206,10 @@ class _Grid:
         return qt.scales, qt.zeros
 
     def codes(self, col: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
-        """Float codes of one column (out,) on the grid (s, z) (out,): the formats module's formulas."""
-        if z is None:
-            return torch.clamp(torch.round(col / s), -self.top, self.top)
-        return torch.clamp(torch.round(col / s) + z, 0, self.top)
+        """Float codes of one column (out,) on the grid (s, z) (out,): ``formats.grid_codes``."""
+        return grid_codes(col, s, z, self.scheme.bits)
 
-    @staticmethod
-    def value(q: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
-        return q * s if z is None else (q - z) * s
+    value = staticmethod(grid_values)
 
 
 def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: QuantScheme, act_order: bool = False,
