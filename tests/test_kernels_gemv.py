@@ -18,18 +18,13 @@ the looser bound leaves room for a different reduction order and for kernels tha
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from kernel_interpreter import run_kernel_tests_in_interpreter
 
 from course_lib.kernels import TritonMode, notice_once, triton_mode
 from course_lib.kernels.gemv import gemv, reference_gemv
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 MODE = triton_mode()
 KERNEL_RUNS_HERE = MODE in ("native", "interpreter")
 DEVICE = "cuda" if MODE == "native" else "cpu"
@@ -182,17 +177,4 @@ def test_triton_kernel_actually_used(capfd):
 
 @pytest.mark.slow
 def test_interpreter_subprocess():
-    if KERNEL_RUNS_HERE:
-        pytest.skip(f"triton mode here is {str(MODE)!r}: the kernel tests ran in this process")
-    try:
-        import triton  # noqa: F401
-    except Exception as exc:
-        pytest.skip(f"triton does not import here ({exc}); the kernel is Linux x86_64 only")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-rs",
-           "-p", "no:cacheprovider", "-k", "triton_kernel"]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"interpreter run failed (rc {proc.returncode}):\n{out[-6000:]}"
-    summary = out.strip().splitlines()[-1]
-    assert "passed" in summary and "skipped" not in summary, f"kernel tests did not all run:\n{out[-6000:]}"
+    run_kernel_tests_in_interpreter(__file__)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from kernel_interpreter import run_kernel_tests_in_interpreter
 
 import course_lib.kernels as kernels_pkg
 from course_lib.kernels import TritonMode, triton_mode
@@ -418,17 +419,4 @@ def test_triton_kernel_actually_used(capfd):
 
 @pytest.mark.slow
 def test_interpreter_subprocess():
-    if KERNEL_RUNS_HERE:
-        pytest.skip(f"triton mode here is {str(MODE)!r}: the kernel tests ran in this process")
-    try:
-        import triton  # noqa: F401
-    except Exception as exc:
-        pytest.skip(f"triton does not import here ({exc}); the kernel is Linux x86_64 only")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-rs",
-           "-p", "no:cacheprovider", "-k", "triton_kernel"]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"interpreter run failed (rc {proc.returncode}):\n{out[-6000:]}"
-    summary = out.strip().splitlines()[-1]
-    assert "passed" in summary and "skipped" not in summary, f"kernel tests did not all run:\n{out[-6000:]}"
+    run_kernel_tests_in_interpreter(__file__)
