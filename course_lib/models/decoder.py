@@ -275,8 +275,11 @@ def toy_decoder(seed: int = 0, **overrides) -> Decoder:
     return Decoder.random(toy_config(**overrides), seed)
 
 
-def _generation_inputs(model: Decoder, prompt: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, int]:
-    """Check the arguments shared by both generation functions; return (ids (1, T0), n)."""
+def generation_inputs(model: Decoder, prompt: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, int]:
+    """Check the arguments every greedy generation function shares (these two and
+    ``course_lib.speculative.generate_speculative``); return (ids (1, T0) int64, n).
+
+    Raises: as ``generate_full_recompute``."""
     instance("model", model, Decoder)
     c = model.config
     _on_device("prompt", prompt, model.embed_tokens.weight.device)
@@ -322,7 +325,7 @@ def generate_full_recompute(model: Decoder, prompt: torch.Tensor, max_new_tokens
         ValueError: an empty or batched prompt, a token id outside the vocabulary, a prompt
             longer than max_seq_len, max_new_tokens < 0 or past the last position.
     """
-    ids, n = _generation_inputs(model, prompt, max_new_tokens)
+    ids, n = generation_inputs(model, prompt, max_new_tokens)
     if n == 0:
         return _no_tokens(model, ids)
     tokens, logits = [], []
@@ -354,7 +357,7 @@ def generate_cached(model: Decoder, prompt: torch.Tensor, max_new_tokens: int,
         ValueError for a cache that is not empty or too short, or of another shape, batch,
         dtype or device (checked before the prompt runs).
     """
-    ids, n = _generation_inputs(model, prompt, max_new_tokens)
+    ids, n = generation_inputs(model, prompt, max_new_tokens)
     T0 = ids.shape[1]
     needed = T0 + max(n, 1) - 1
     if cache is None:

@@ -10,14 +10,15 @@ the cost of the verification step relative to a plain one (a roofline bound from
 
 Lab 1 previews these bounds on the 70B cost calculator
 (``docs/roofline.md#speculative-decoding-bounds``); Lab 5 builds the decoding loop itself on
-this module (``docs/speculative_decoding.md#expected-tokens-and-speedup``).
+this module (``docs/speculative_decoding.md#expected-tokens-and-speedup``) and asks where a
+draft stops paying for itself (``break_even_alpha``).
 """
 from __future__ import annotations
 
-from .roofline import step_time_bound
-from .validation import nonnegative_integer, nonnegative_number, number, positive_number
+from ..roofline import step_time_bound
+from ..validation import nonnegative_integer, nonnegative_number, number, positive_integer, positive_number
 
-__all__ = ["expected_tokens_per_step", "verification_cost_ratio", "speculative_speedup"]
+__all__ = ["expected_tokens_per_step", "verification_cost_ratio", "speculative_speedup", "break_even_alpha"]
 
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
@@ -74,3 +75,45 @@ def speculative_speedup(alpha: float, gamma: int, *, verification_ratio: float =
     r = positive_number("verification_ratio", verification_ratio)
     c = nonnegative_number("draft_cost", draft_cost)
     return e / (gamma * c + r)
+
+
+def break_even_alpha(gamma: int, *, draft_cost: float, verification_ratio: float = 1.0) -> float:
+    """The acceptance rate at which speculative decoding stops being slower than plain decoding:
+    the ``alpha`` in [0, 1] with ``speculative_speedup(alpha, gamma, ...) == 1``
+    (``docs/speculative_decoding.md#speedup-reference-figures``: gamma 4, c = 0.1 -> about 0.287).
+
+    The speedup grows with alpha (more tokens per iteration, same cost), so the root is unique and
+    found by bisection to 1e-12. Below it a correct draft makes decoding slower.
+
+    Args:
+        gamma: drafted tokens per iteration, an int >= 1.
+        draft_cost: one draft step's time relative to a plain target step (keyword-only, >= 0).
+        verification_ratio: the verification step's cost relative to a plain target step
+            (keyword-only, > 0; 1 in the classic analysis).
+
+    Returns:
+        alpha, a float in [0, 1]; 0.0 when even alpha = 0 breaks even (a free draft with a free
+        verification).
+
+    Raises:
+        ValueError: gamma < 1, a negative draft_cost or a non-positive verification_ratio; or no
+            alpha in [0, 1] reaches a speedup of 1 (even alpha = 1 gives gamma + 1 tokens for
+            gamma * draft_cost + verification_ratio > gamma + 1 target steps).
+    """
+    g = positive_integer("gamma", gamma)
+    c = nonnegative_number("draft_cost", draft_cost)
+    r = positive_number("verification_ratio", verification_ratio)
+    if speculative_speedup(1.0, g, verification_ratio=r, draft_cost=c) < 1:
+        raise ValueError(f"no alpha in [0, 1] breaks even at gamma={g}, draft_cost={c}, verification_ratio={r}: "
+                         f"even alpha = 1 emits {g + 1} tokens per iteration for the cost of "
+                         f"{g * c + r:.4g} target steps")
+    if speculative_speedup(0.0, g, verification_ratio=r, draft_cost=c) >= 1:
+        return 0.0
+    low, high = 0.0, 1.0          # speedup(low) < 1 <= speedup(high)
+    while high - low > 1e-12:
+        mid = (low + high) / 2
+        if speculative_speedup(mid, g, verification_ratio=r, draft_cost=c) < 1:
+            low = mid
+        else:
+            high = mid
+    return high
