@@ -387,12 +387,12 @@ def _check_lengths(label, caches, L, want, gamma, k) -> None:
     if d_len > Lp - 1:
         err = ContractError(f"{label}: after the iteration draft_cache.length is {d_len}, more than L' - 1 = {Lp - 1}: "
                             "it holds K/V of tokens that were never committed")
-        if d_len >= L + gamma - 1 and k < gamma - 1:
-            raise with_diagnosis(err, "cache not cropped after a rejection: the draft's cache keeps the rejected "
-                                 "proposals")
         if d_len == Lp:
             raise with_diagnosis(err, "crop off by one: the draft's cache was cropped to the committed length "
                                  "instead of L' - 1")
+        if d_len >= L + gamma - 1 and k < gamma - 1:
+            raise with_diagnosis(err, "cache not cropped after a rejection: the draft's cache keeps the rejected "
+                                 "proposals")
         raise err
 
 
@@ -419,9 +419,10 @@ def _slot_error(label, which, slot, committed, k, gamma) -> ContractError:
     err = ContractError(f"{label}: {which} slot {slot} holds other K/V than the reference's for committed token "
                         f"{committed[slot]} at position {slot}")
     if which == "draft_cache":
-        return with_diagnosis(err, "the draft was not fed every committed token its cache lacks: after a full "
-                              "acceptance it lacks two (the last proposal and the bonus token), each at its own "
-                              "position; feed tokens[draft_cache.length:]")
+        return with_diagnosis(err, "the draft was not fed every committed token its cache lacks, each at its own "
+                              "position (token s belongs in slot s at position s): after a full acceptance it lacks two, "
+                              "the last proposal and the bonus token; feed tokens[draft_cache.length:] at positions "
+                              "draft_cache.length .. L - 1, then proposal d_j at position L + j - 1")
     return with_diagnosis(err, "the target was fed a token at the wrong position or into the wrong slot (feed "
                           "[tokens[-1], d1 .. d_gamma] at positions L - 1 .. L + gamma - 1)")
 

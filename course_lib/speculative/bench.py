@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 from typing import Callable, Mapping
@@ -204,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
                         gamma=args.gamma, max_new_tokens=tokens, repeats=1, warmup=0)
         print_table(table)
         ok = ok and bool(table.same_tokens.all())
+    load, cores = os.getloadavg()[0], os.cpu_count()
+    print(f"\nload average (1 min) at the end: {load:.2f} on {cores} cores"
+          + (" - other processes competed for the CPU, so the times are unreliable" if load > cores + 0.5 else ""))
     return 0 if ok else 1
 
 
