@@ -209,7 +209,8 @@ def generate_speculative(target: Decoder, draft: Draft | Decoder, prompt: torch.
                              f"{target.config.vocab_size}: its token ids would not mean the same tokens")
         draft = ModelDraft(draft, draft.new_cache(1, min(max(T0 + n - 1, 1), draft.config.max_seq_len)))
     elif not isinstance(draft, Draft):
-        raise ArgumentTypeError(f"draft must be a Draft (propose, rollback) or a Decoder, got {type(draft).__qualname__}")
+        raise ArgumentTypeError(f"draft must be a Draft (propose, rollback) or a Decoder, "
+                                f"got {type(draft).__qualname__}")
     if isinstance(draft, ModelDraft) and draft.cache.length != 0:
         raise ValueError(f"the ModelDraft's cache must be empty (length 0) for a new generation, "
                          f"got length {draft.cache.length}; crop(0) it")
