@@ -83,6 +83,28 @@ def _on_device(name: str, x, device: torch.device) -> None:
         raise ValueError(f"{name} is on {x.device} but the model is on {device}; move it with .to({str(device)!r})")
 
 
+def check_ids_and_positions(input_ids, positions, *, vocab_size: int, max_seq_len: int) -> tuple[int, int]:
+    """The entry checks of a model forward (``Decoder.forward``, ``speculative.exact.MarkovLM.forward``):
+    input_ids (B, T) int64 in 0 .. vocab_size - 1 with B, T >= 1; positions (T,) or (B, T) int64 in
+    0 .. max_seq_len - 1. Returns (B, T).
+
+    Raises: ArgumentTypeError for a wrong type or dtype; ValueError for a wrong rank, an empty input,
+    a value out of range, or positions of another length or batch."""
+    integer_tensor("input_ids", input_ids, ranks=(2,), layout="(B, T)", dtype=torch.int64,
+                   minimum=0, maximum=vocab_size - 1, note=f"token ids; vocab_size {vocab_size}")
+    B, T = input_ids.shape
+    if B == 0 or T == 0:
+        raise ValueError(f"input_ids must hold at least one token per sequence (B, T >= 1), "
+                         f"got shape {tuple(input_ids.shape)}")
+    integer_tensor("positions", positions, ranks=(1, 2), layout="(T,) or (B, T)", dtype=torch.int64,
+                   minimum=0, maximum=max_seq_len - 1, note=f"the model's max_seq_len is {max_seq_len}")
+    if positions.shape[-1] != T:
+        raise ValueError(f"positions has {positions.shape[-1]} entries for T={T} tokens")
+    if positions.dim() == 2 and positions.shape[0] != B:
+        raise ValueError(f"positions must be (B, T) with B={B}, got {tuple(positions.shape)}")
+    return B, T
+
+
 class Decoder(nn.Module):
     """Llama-style decoder with an explicit KV cache and explicit positions.
 
@@ -197,18 +219,7 @@ class Decoder(nn.Module):
         weight = self.embed_tokens.weight
         _on_device("input_ids", input_ids, weight.device)
         _on_device("positions", positions, weight.device)
-        integer_tensor("input_ids", input_ids, ranks=(2,), layout="(B, T)", dtype=torch.int64,
-                       minimum=0, maximum=c.vocab_size - 1, note=f"token ids; vocab_size {c.vocab_size}")
-        B, T = input_ids.shape
-        if B == 0 or T == 0:
-            raise ValueError(f"input_ids must hold at least one token per sequence (B, T >= 1), "
-                             f"got shape {tuple(input_ids.shape)}")
-        integer_tensor("positions", positions, ranks=(1, 2), layout="(T,) or (B, T)", dtype=torch.int64,
-                       minimum=0, maximum=c.max_seq_len - 1, note=f"the model's max_seq_len is {c.max_seq_len}")
-        if positions.shape[-1] != T:
-            raise ValueError(f"positions has {positions.shape[-1]} entries for T={T} tokens")
-        if positions.dim() == 2 and positions.shape[0] != B:
-            raise ValueError(f"positions must be (B, T) with B={B}, got {tuple(positions.shape)}")
+        B, T = check_ids_and_positions(input_ids, positions, vocab_size=c.vocab_size, max_seq_len=c.max_seq_len)
         if attention_fn is not None and not callable(attention_fn):
             raise ArgumentTypeError(f"attention_fn must be callable (q, k_new, v_new, k_cache, v_cache, start) "
                                     f"or None, got {type(attention_fn).__qualname__}")

@@ -31,6 +31,7 @@ from torch import nn
 
 from ..validation import (ArgumentTypeError, boolean, instance, integer, integer_tensor, nonnegative_integer,
                           number, positive_integer, positive_number, token_ids)
+from ..models.decoder import check_ids_and_positions
 from .sampling import (ROW_SUM_TOLERANCE, accept_or_resample, sample_categorical, sampling_probs, verify_block)
 
 __all__ = ["TokenCache", "MarkovLM", "continuation_probabilities", "sample_speculative", "chi_square_test"]
@@ -272,18 +273,7 @@ class MarkovLM(nn.Module):
             batch, a cache that is not a TokenCache or of another batch, "TokenCache overflow".
         """
         V = self.vocab_size
-        integer_tensor("input_ids", input_ids, ranks=(2,), layout="(B, T)", dtype=torch.int64, minimum=0,
-                       maximum=V - 1, note=f"token ids; vocab_size {V}")
-        B, T = input_ids.shape
-        if B == 0 or T == 0:
-            raise ValueError(f"input_ids must hold at least one token per sequence (B, T >= 1), "
-                             f"got shape {tuple(input_ids.shape)}")
-        integer_tensor("positions", positions, ranks=(1, 2), layout="(T,) or (B, T)", dtype=torch.int64,
-                       minimum=0, maximum=self.max_seq_len - 1, note=f"the model's max_seq_len is {self.max_seq_len}")
-        if positions.shape[-1] != T:
-            raise ValueError(f"positions has {positions.shape[-1]} entries for T={T} tokens")
-        if positions.dim() == 2 and positions.shape[0] != B:
-            raise ValueError(f"positions must be (B, T) with B={B}, got {tuple(positions.shape)}")
+        B, T = check_ids_and_positions(input_ids, positions, vocab_size=V, max_seq_len=self.max_seq_len)
         boolean("last_only", last_only)
         last = torch.full((B,), V, dtype=torch.int64)  # the token before input_ids[:, 0] (start state)
         if cache is not None:
