@@ -73,3 +73,41 @@ def test_prefill_and_cached_greedy_decode_match_transformers(reference):
         diff = (got - want).abs().max().item()
         assert diff <= TOL, f"decode step {step} (position {seq.shape[1] - 1}): max |logit diff| {diff:.2e} > {TOL}"
     assert cache.length == PREFILL + STEPS
+
+
+@torch.no_grad()
+def test_left_padded_batch_matches_transformers(reference):
+    """A left-padded batch (pads 0, 1 and 7): every real position's logits equal transformers' on the
+    same batch (its attention_mask and position_ids), and each row's last logits equal the row alone."""
+    from course_lib.models.decoder import left_pad, positions_from_mask
+
+    ours, peer, tokenizer, _, _ = reference
+    full = tokenizer(TEXT)["input_ids"]
+    rows = [torch.tensor(full[:24]), torch.tensor(full[:23]), torch.tensor(full[:17])]
+    ids, mask = left_pad(rows, pad_id=0)
+    positions = positions_from_mask(mask)
+    got = ours(ids, positions, ours.new_cache(3, 24), attention_mask=mask)
+    want = peer(ids, attention_mask=mask, position_ids=positions).logits
+    real = mask.bool()
+    diff = (got - want).abs().amax(-1)[real].max().item()
+    assert diff <= TOL, f"padded prefill: max |logit diff| {diff:.2e} > {TOL} at real positions"
+    for b, row in enumerate(rows):
+        alone = ours(row[None], torch.arange(len(row)))[0, -1]
+        diff = (got[b, -1] - alone).abs().max().item()
+        assert diff <= TOL, f"row {b} ({24 - len(row)} pads): last logits differ from the row alone by {diff:.2e}"
+
+
+@torch.no_grad()
+def test_batch_invariant_mode_is_bitwise_on_the_real_model(reference):
+    """The whole 30-layer model: a row decoded alone and inside a batch of 8 (third place, other rows
+    of other lengths) gives bitwise equal logits in prefill and 4 decode steps with the switch on."""
+    from course_lib.models.decoder import generate_batch
+
+    ours, _, tokenizer, _, _ = reference
+    full = tokenizer(TEXT)["input_ids"]
+    row = torch.tensor(full[:20])
+    others = [torch.tensor(full[i:i + 12 + i]) for i in range(8)]
+    with ours.batch_invariant_mode():
+        solo_tokens, solo_logits = generate_batch(ours, [row], 4)
+        tokens, logits = generate_batch(ours, others[:2] + [row] + others[3:], 4)
+    assert torch.equal(logits[2], solo_logits[0]) and torch.equal(tokens[2], solo_tokens[0])

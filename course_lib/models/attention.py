@@ -4,6 +4,12 @@ Source: course "Lab 2" (cached attention step; GQA/MQA) and Ainslie et al.,
 "GQA: Training Generalized Multi-Query Transformer Models" (2023). Query head h reads
 KV head h // (n_heads // n_kv_heads): consecutive query heads share one KV head, which
 is ``repeat_interleave`` on the head axis (``repeat`` would pair them round-robin).
+
+Padded batches (course Lab 6) pass ``key_mask`` (B, S) bool, True at the slots that hold a real token
+(left padding: a row's pads come first). A real query reads the real keys at or before its slot; a pad
+query, which has no real key at or before it, reads every key, so no softmax row is empty and pad rows
+stay finite; K and V at pad slots are read as zeros, so a NaN stored there cannot reach a real row
+(a zero probability times NaN is NaN).
 """
 from __future__ import annotations
 
@@ -33,17 +39,51 @@ def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
     return x.repeat_interleave(group_size, dim=1)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> torch.Tensor:
+def attention_allowed(T: int, S: int, start: int, key_mask: torch.Tensor | None, device) -> torch.Tensor:
+    """Which keys each query may read: (1, T, S) without a mask, (B, T, S) with one; True = may read.
+
+    Query i (at slot start + i) reads key j iff j <= start + i and key j is real; a query left with
+    no key (a pad before the row's first real token) reads every key instead (module docstring)."""
+    query_slot = torch.arange(T, device=device)[:, None] + start
+    allowed = (torch.arange(S, device=device)[None, :] <= query_slot)[None]
+    if key_mask is None:
+        return allowed
+    allowed = allowed & key_mask[:, None, :]
+    return allowed | ~allowed.any(-1, keepdim=True)
+
+
+def zero_pad_slots(x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """K or V (B, Hkv, S, D) with the slots where key_mask (B, S) is False set to 0 (a copy); x itself without a mask."""
+    if key_mask is None:
+        return x
+    return x.masked_fill(~key_mask[:, None, :, None], 0.0)
+
+
+def check_key_mask(key_mask, B: int, S: int) -> torch.Tensor | None:
+    """key_mask as given: None, or a (B, S) bool tensor. Raises ArgumentTypeError / ValueError otherwise."""
+    if key_mask is None:
+        return None
+    instance("key_mask", key_mask, torch.Tensor)
+    if key_mask.dtype != torch.bool:
+        raise ArgumentTypeError(f"key_mask must be a bool tensor (True = a real token), got dtype {key_mask.dtype}")
+    if tuple(key_mask.shape) != (B, S):
+        raise ValueError(f"key_mask must be (B, S) = {(B, S)}, one entry per key slot, got {tuple(key_mask.shape)}")
+    return key_mask
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int = 0, *,
+                     key_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax attention of T new queries over S = start + T keys.
 
     Args:
         q: (B, Hq, T, D) rotated queries at absolute positions start .. start+T-1.
         k, v: (B, Hkv, S, D) with S = start + T; Hkv divides Hq.
         start: number of keys that precede the first query (cached positions), an int >= 0.
+        key_mask: None, or (B, S) bool, True at the slots of real tokens (module docstring).
 
     Returns:
         (B, Hq, T, D) in q's dtype; scores and softmax are computed in float32.
-        Query i may attend key j iff j <= start + i.
+        Query i may attend key j iff j <= start + i (and, with key_mask, key j is real).
 
     Raises:
         ArgumentTypeError: q, k, v not floating tensors; ``start`` not an int.
@@ -60,12 +100,15 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
         raise ValueError(f"expected start + T = {start + T} keys, got {S}")
     if Hq % Hkv:
         raise ValueError(f"KV heads ({Hkv}) must divide query heads ({Hq})")
-    kk = repeat_kv(k, Hq // Hkv).to(torch.float32)
-    vv = repeat_kv(v, Hq // Hkv).to(torch.float32)
+    key_mask = check_key_mask(key_mask, B, S)
+    kk = repeat_kv(zero_pad_slots(k, key_mask), Hq // Hkv).to(torch.float32)
+    vv = repeat_kv(zero_pad_slots(v, key_mask), Hq // Hkv).to(torch.float32)
     # softmax(q k^T / sqrt(D) + mask) v, fused by PyTorch (same math, far less memory traffic
     # than materialising the (T, S) score matrix on long prompts).
     mask, is_causal = None, False
-    if T == 1:
+    if key_mask is not None:
+        mask = attention_allowed(T, S, start, key_mask, q.device)[:, None]     # (B, 1, T, S)
+    elif T == 1:
         pass                                            # the newest query sees every key
     elif start == 0:
         is_causal = True                                # plain lower-triangular mask
@@ -78,7 +121,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
 
 
 def attend_with_cache(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                      k_cache: torch.Tensor, v_cache: torch.Tensor, start: int) -> torch.Tensor:
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, *,
+                      key_mask: torch.Tensor | None = None) -> torch.Tensor:
     """One cached attention step (reference for the Lab 2 exercise of the same signature).
 
     Writes the T new keys/values into the preallocated cache at slots start .. start+T-1,
@@ -90,6 +134,7 @@ def attend_with_cache(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
         k_cache, v_cache: (B, Hkv, S_max, D) one layer's cache, written in place (cast to
             the cache's dtype on write).
         start: slots already filled (int, 0 <= start, start + T <= S_max).
+        key_mask: None, or (B, start + T) bool, True at the slots of real tokens (module docstring).
 
     Returns:
         (B, Hq, T, D) attention output.
@@ -111,6 +156,43 @@ def attend_with_cache(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                          f"{tuple(v_cache.shape)}")
     if start + T > k_cache.shape[-2]:
         raise ValueError(f"slots {start}..{start + T - 1} do not fit a cache of {k_cache.shape[-2]}")
+    keys, values = write_then_keys(k_new, v_new, k_cache, v_cache, start)
+    return causal_attention(q, keys, values, start, key_mask=key_mask)
+
+
+def write_then_keys(k_new, v_new, k_cache, v_cache, start):
+    """Write T new keys/values at slots start .. start+T-1 of one layer's cache; return the filled K, V views."""
+    T = k_new.shape[-2]
     k_cache[:, :, start:start + T] = k_new
     v_cache[:, :, start:start + T] = v_new
-    return causal_attention(q, k_cache[:, :, :start + T], v_cache[:, :, :start + T], start)
+    return k_cache[:, :, :start + T], v_cache[:, :, :start + T]
+
+
+def batch_invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int = 0, *,
+                              key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``causal_attention`` with every reduction in a fixed order (``course_lib.kernels.batch_invariant``).
+
+    Same arguments, result and masking rules as ``causal_attention``. Each row's keys are first reordered
+    so its pads come last (a rotation by the row's pad count): the fixed-order sums then see a row's real
+    keys at the same indices whether the row runs alone or padded inside a batch, and the masked keys
+    after them add exact zeros. Result: a row's output is bitwise independent of the batch around it and
+    of how its prompt was split into chunks.
+    """
+    from ..kernels.batch_invariant import torch_ops
+
+    B, Hq, T, D = _float4("q", q).shape
+    _float4("k", k), _float4("v", v)
+    start = nonnegative_integer("start", start)
+    S = k.shape[-2]
+    if S != start + T:
+        raise ValueError(f"expected start + T = {start + T} keys, got {S}")
+    key_mask = check_key_mask(key_mask, B, S)
+    allowed = attention_allowed(T, S, start, key_mask, q.device).expand(B, T, S)
+    if key_mask is not None:
+        k, v = zero_pad_slots(k, key_mask), zero_pad_slots(v, key_mask)
+        pads = S - key_mask.sum(-1)                                            # (B,) leading pad slots
+        order = (torch.arange(S, device=q.device)[None, :] + pads[:, None]) % S  # real keys first
+        k = k.gather(2, order[:, None, :, None].expand_as(k))
+        v = v.gather(2, order[:, None, :, None].expand_as(v))
+        allowed = allowed.gather(2, order[:, None, :].expand(B, T, S))
+    return torch_ops.attention(q, k, v, allowed).to(q.dtype)

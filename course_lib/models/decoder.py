@@ -15,14 +15,16 @@ TypeError, also a ValueError) for a wrong type or dtype, ``ValueError`` for a wr
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from contextlib import contextmanager
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from ..cache.contiguous import KVCache
 from ..validation import ArgumentTypeError, boolean, instance, integer, integer_tensor
-from .attention import attend_with_cache, causal_attention
+from ..kernels.batch_invariant import torch_ops as invariant_ops
+from .attention import attend_with_cache, batch_invariant_attention, causal_attention, write_then_keys
 from .config import ModelConfig, toy_config
 from .rope import rope_cos_sin, rotate_pairs
 
@@ -37,7 +39,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+        if invariant:
+            return invariant_ops.rms_norm(x, self.weight, self.eps)
         xf = x.to(torch.float32)
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight * xf).to(x.dtype)
@@ -60,27 +64,117 @@ class Block(nn.Module):
         self.down_proj = nn.Linear(c.d_ff, c.d_model, bias=False)
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv: tuple[torch.Tensor, torch.Tensor] | None,
-                start: int, attention_fn: AttentionFn) -> torch.Tensor:
+                start: int, attention_fn: AttentionFn, key_mask: torch.Tensor | None = None,
+                invariant: bool = False) -> torch.Tensor:
         c = self.c
         B, T, _ = x.shape
-        h = self.input_layernorm(x)
-        q = self.q_proj(h).view(B, T, c.n_heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
-        v = self.v_proj(h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
+
+        def linear(layer: nn.Linear, h: torch.Tensor) -> torch.Tensor:
+            return invariant_ops.linear(h, layer.weight).to(h.dtype) if invariant else layer(h)
+
+        h = self.input_layernorm(x, invariant)
+        q = linear(self.q_proj, h).view(B, T, c.n_heads, c.head_dim).transpose(1, 2)
+        k = linear(self.k_proj, h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
+        v = linear(self.v_proj, h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
         q, k = rotate_pairs(q, *rope), rotate_pairs(k, *rope)
-        if kv is None:
-            attn = causal_attention(q, k, v, 0)
-        else:
+        if invariant:
+            keys, values = (k, v) if kv is None else write_then_keys(k, v, kv[0], kv[1], start)
+            attn = batch_invariant_attention(q, keys, values, start, key_mask=key_mask)
+        elif kv is None:
+            attn = causal_attention(q, k, v, 0, key_mask=key_mask)
+        elif key_mask is None:
             attn = attention_fn(q, k, v, kv[0], kv[1], start)
-        x = x + self.o_proj(attn.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim))
-        h = self.post_attention_layernorm(x)
-        return x + self.down_proj(nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))
+        else:
+            attn = attention_fn(q, k, v, kv[0], kv[1], start, key_mask=key_mask)
+        x = x + linear(self.o_proj, attn.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim))
+        h = self.post_attention_layernorm(x, invariant)
+        silu = invariant_ops.silu if invariant else nn.functional.silu
+        return x + linear(self.down_proj, silu(linear(self.gate_proj, h)).to(h.dtype) * linear(self.up_proj, h))
 
 
 def _on_device(name: str, x, device: torch.device) -> None:
     """A tensor ``x`` must be on the model's device (checked before any reduction runs on it)."""
     if isinstance(x, torch.Tensor) and x.device != device:
         raise ValueError(f"{name} is on {x.device} but the model is on {device}; move it with .to({str(device)!r})")
+
+
+def check_attention_mask(attention_mask, B: int, S: int) -> torch.Tensor:
+    """A left-padded attention mask, as a (B, S) bool tensor (True = a real token).
+
+    Args:
+        attention_mask: (B, S) bool or int64 of 0/1 over every slot a forward reads (the cache's filled
+            slots, then the new tokens); each row is zeros (pads) then ones. A row may still be all
+            pads (a chunk of a chunked prefill that ends before the row's first real token).
+
+    Raises:
+        ArgumentTypeError: not a bool or int64 tensor.
+        ValueError: another shape, a value other than 0/1, a row with a pad after a real token (right
+            padding, or a pad between real tokens).
+    """
+    instance("attention_mask", attention_mask, torch.Tensor)
+    if attention_mask.dtype not in (torch.bool, torch.int64):
+        raise ArgumentTypeError(f"attention_mask must be a bool or int64 tensor of 0/1 (1 = a real token), "
+                                f"got dtype {attention_mask.dtype}")
+    if tuple(attention_mask.shape) != (B, S):
+        raise ValueError(f"attention_mask must be (B, S) = {(B, S)}: one column per cached slot and new token, "
+                         f"got {tuple(attention_mask.shape)}")
+    if attention_mask.dtype == torch.int64 and not ((attention_mask == 0) | (attention_mask == 1)).all():
+        raise ValueError("attention_mask must hold only 0 (pad) and 1 (real token)")
+    mask = attention_mask.to(torch.bool)
+    bad = (mask[:, :-1] & ~mask[:, 1:]).any(-1)
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        raise ValueError(f"attention_mask row {row} is not left-padded (it has a 0 after a 1: "
+                         f"{mask[row].int().tolist()[-16:]} at its end): each row must be pads (0) then real "
+                         f"tokens (1), so that its last column is a real token")
+    return mask
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of a left-padded batch: the count of real tokens before each column, pads at 0.
+
+    Args:
+        attention_mask: (B, S) bool or int64 of 0/1, 1 = a real token.
+
+    Returns:
+        (B, S) int64: cumsum(mask) - 1 along the row, clamped at 0 (the convention of transformers'
+        generation utilities), so a row's first real token has position 0 however many pads precede it.
+
+    Raises: ArgumentTypeError / ValueError as ``check_attention_mask``.
+    """
+    instance("attention_mask", attention_mask, torch.Tensor)
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must be (B, S), got shape {tuple(attention_mask.shape)}")
+    mask = check_attention_mask(attention_mask, *attention_mask.shape)
+    return (mask.to(torch.int64).cumsum(-1) - 1).clamp(min=0)
+
+
+def left_pad(prompts: Sequence[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack prompts of different lengths, pads first: (input_ids (B, T) int64, attention_mask (B, T) int64).
+
+    Args:
+        prompts: a non-empty sequence of (T_i,) int64 token-id tensors, T_i >= 1, on one device.
+        pad_id: the id written into pad slots (an int >= 0; masked, so any valid id will do).
+
+    Raises:
+        ArgumentTypeError: prompts not a sequence of int64 tensors; pad_id not an int.
+        ValueError: no prompts, an empty or non-1-D prompt.
+    """
+    instance("prompts", prompts, (list, tuple))
+    if not prompts:
+        raise ValueError("prompts must hold at least one prompt")
+    pad_id = integer("pad_id", pad_id, minimum=0)
+    for i, p in enumerate(prompts):
+        integer_tensor(f"prompts[{i}]", p, ranks=(1,), layout="(T_i,)", dtype=torch.int64)
+        if p.numel() == 0:
+            raise ValueError(f"prompts[{i}] is empty: every row needs a real last token")
+    T = max(p.numel() for p in prompts)
+    ids = torch.full((len(prompts), T), pad_id, dtype=torch.int64, device=prompts[0].device)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, T - p.numel():] = p
+        mask[i, T - p.numel():] = 1
+    return ids, mask
 
 
 def check_ids_and_positions(input_ids, positions, *, vocab_size: int, max_seq_len: int) -> tuple[int, int]:
@@ -127,6 +221,22 @@ class Decoder(nn.Module):
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        #: Route every reduction through ``course_lib.kernels.batch_invariant`` (see ``batch_invariant_mode``).
+        self.batch_invariant = False
+
+    @contextmanager
+    def batch_invariant_mode(self, enabled: bool = True) -> Iterator["Decoder"]:
+        """Within the block, every reduction of the forward (projections, RMSNorm, attention, output head)
+        runs in a fixed order (``course_lib.kernels.batch_invariant``), so a row's logits are bitwise the
+        same alone, in a batch of any size and at any place in it, and in one-pass or chunked prefill
+        (course Lab 6). The previous setting comes back on exit.
+
+        Raises: ArgumentTypeError for ``enabled`` that is not a bool."""
+        previous, self.batch_invariant = self.batch_invariant, boolean("enabled", enabled)
+        try:
+            yield self
+        finally:
+            self.batch_invariant = previous
 
     # -- construction -------------------------------------------------------------------
     @classmethod
@@ -187,7 +297,8 @@ class Decoder(nn.Module):
 
     # -- forward ------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
-                attention_fn: AttentionFn | None = None, last_only: bool = False) -> torch.Tensor:
+                attention_fn: AttentionFn | None = None, last_only: bool = False,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for T new tokens.
 
         Args:
@@ -203,14 +314,21 @@ class Decoder(nn.Module):
                 forwards; Lab 2 plugs the learner's attention step in here.
             last_only: (bool) compute logits for the last position only (B, 1, vocab): what
                 generation needs; skips the output head's work on the other T - 1 positions.
+            attention_mask: None, or (B, cache.length + T) bool / int64 0/1 over the cached slots
+                and the new tokens, 1 = a real token, left-padded (``check_attention_mask``): pad
+                slots are never read by a real token. Positions stay the caller's: a padded
+                row's real tokens take ``positions_from_mask``'s values. The physical cache
+                length includes the pads; a row's position does not.
 
         Returns:
             (B, T, vocab_size) float32 logits, or (B, 1, vocab_size) with ``last_only``.
 
         Raises:
             ArgumentTypeError: input_ids or positions not int64 tensors; cache not a KVCache
-                or of another dtype; attention_fn not callable; last_only not a bool.
-            ValueError: wrong ranks or an empty input; a token id outside the vocabulary; a
+                or of another dtype; attention_fn not callable; last_only not a bool; an
+                attention_mask neither bool nor int64.
+            ValueError: a mask of another shape or not left-padded; an attention_fn together
+                with batch_invariant mode; wrong ranks or an empty input; a token id outside the vocabulary; a
                 position outside 0 .. max_seq_len - 1; positions of another length or batch;
                 inputs on another device than the model; a cache of another shape, batch or
                 device, or one without room for T more slots ("KV cache overflow").
@@ -231,19 +349,48 @@ class Decoder(nn.Module):
             start = cache.length
             if start + T > cache.max_len:
                 raise ValueError(f"KV cache overflow: {start} filled + {T} new > max_len {cache.max_len}")
-        rope = rope_cos_sin(positions, c.head_dim, c.rope_theta, batch=B, scaling=c.rope_scaling)  # once per forward
+        key_mask = None if attention_mask is None else check_attention_mask(attention_mask, B, start + T)
+        if key_mask is not None:
+            _on_device("attention_mask", key_mask, weight.device)
+            if bool(key_mask.all()):
+                key_mask = None                           # nothing padded: the unmasked path, same result
+        invariant = self.batch_invariant
+        if invariant and attention_fn is not None:
+            raise ValueError("attention_fn cannot be used in batch_invariant mode: the mode routes attention "
+                             "through course_lib.kernels.batch_invariant")
+        rope = self._rope(positions, B, invariant)                                    # once per forward
         attention_fn = attention_fn or attend_with_cache
         x = self.embed_tokens(input_ids)
         if cache is None:
             for block in self.layers:
-                x = block(x, rope, None, 0, attention_fn)
+                x = block(x, rope, None, 0, attention_fn, key_mask, invariant)
         else:
             for block, k_layer, v_layer in zip(self.layers, cache.k, cache.v):
-                x = block(x, rope, (k_layer, v_layer), start, attention_fn)
+                x = block(x, rope, (k_layer, v_layer), start, attention_fn, key_mask, invariant)
             cache.advance(T)
         if last_only:
             x = x[:, -1:]
-        return self.lm_head(self.norm(x)).to(torch.float32)
+        h = self.norm(x, invariant)
+        if invariant:
+            return invariant_ops.linear(h, self.lm_head.weight)
+        return self.lm_head(h).to(torch.float32)
+
+    def _rope(self, positions: torch.Tensor, B: int, invariant: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for ``rotate_pairs``. In batch-invariant mode they are rows of a table computed once for
+        positions 0 .. max_seq_len - 1, so a position's angle never depends on the other positions in the
+        call (``course_lib.kernels.batch_invariant.torch_ops``, on transcendental functions)."""
+        c = self.config
+        if not invariant:
+            return rope_cos_sin(positions, c.head_dim, c.rope_theta, batch=B, scaling=c.rope_scaling)
+        device = positions.device
+        if getattr(self, "_rope_table", (None,))[0] != device:
+            every = torch.arange(c.max_seq_len, device=device)
+            cos, sin = rope_cos_sin(every, c.head_dim, c.rope_theta, scaling=c.rope_scaling)
+            self._rope_table = (device, cos[0, 0], sin[0, 0])              # (max_seq_len, head_dim // 2)
+        _, cos, sin = self._rope_table
+        if positions.dim() == 1:
+            return cos[positions][None, None], sin[positions][None, None]
+        return cos[positions][:, None], sin[positions][:, None]
 
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
         """An empty ``KVCache`` for this model: compact KV heads, the weights' dtype and device.
@@ -395,3 +542,59 @@ def generate_cached(model: Decoder, prompt: torch.Tensor, max_new_tokens: int,
             pos = torch.tensor([cache.length], device=ids.device)
             step = model(nxt.view(1, 1), pos, cache, attention_fn)[0, -1]
     return torch.stack(tokens), torch.stack(logits)
+
+
+@torch.no_grad()
+def generate_batch(model: Decoder, prompts: Sequence[torch.Tensor], max_new_tokens: int, pad_id: int = 0,
+                   prefill_chunk: int | None = None):
+    """Greedy generation for a left-padded batch: one cache of B rows, one forward per step for all rows.
+
+    Each row keeps its own positions (``positions_from_mask``); the cache's physical slots include the
+    pads. With ``model.batch_invariant_mode()`` on, each row's tokens and logits are bitwise those of
+    the row generated alone (course Lab 6).
+
+    Args:
+        model: a ``Decoder``.
+        prompts: a non-empty sequence of (T_i,) int64 token ids, T_i >= 1.
+        max_new_tokens: an int >= 1 with max(T_i) + max_new_tokens - 1 <= max_seq_len.
+        pad_id: the id in pad slots (an int in the vocabulary).
+        prefill_chunk: None to prefill in one forward, or an int >= 1 to prefill that many columns
+            per forward (chunked prefill: the same logits, within float32 rounding or bitwise in
+            batch-invariant mode).
+
+    Returns:
+        (tokens (B, max_new_tokens) int64, logits (B, max_new_tokens, vocab) float32): row b's
+        logits that chose each of its tokens.
+
+    Raises:
+        ArgumentTypeError / ValueError: as ``left_pad`` and ``Decoder.forward``; max_new_tokens < 1
+        or past the last position; a prefill_chunk < 1.
+    """
+    instance("model", model, Decoder)
+    c = model.config
+    ids, mask = left_pad(prompts, integer("pad_id", pad_id, minimum=0, maximum=c.vocab_size - 1,
+                                          note=f"a token id; vocab_size {c.vocab_size}"))
+    B, T0 = ids.shape
+    if T0 > c.max_seq_len:
+        raise ValueError(f"the longest prompt holds {T0} tokens, more than max_seq_len = {c.max_seq_len}")
+    n = integer("max_new_tokens", max_new_tokens, minimum=1, maximum=c.max_seq_len - T0 + 1,
+                note=f"the longest prompt has {T0} tokens; max_seq_len {c.max_seq_len}")
+    chunk = T0 if prefill_chunk is None else integer("prefill_chunk", prefill_chunk, minimum=1)
+    device = model.embed_tokens.weight.device
+    ids, mask = ids.to(device), mask.to(device)
+    positions = positions_from_mask(mask)
+    cache = model.new_cache(B, T0 + n - 1)
+    for s in range(0, T0, chunk):
+        step = model(ids[:, s:s + chunk], positions[:, s:s + chunk], cache, attention_mask=mask[:, :s + chunk],
+                     last_only=True)[:, -1]
+    tokens, logits = [], []
+    next_position = positions[:, -1:] + 1
+    for i in range(n):
+        nxt = step.argmax(-1)
+        tokens.append(nxt)
+        logits.append(step)
+        if i + 1 < n:
+            mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
+            step = model(nxt[:, None], next_position, cache, attention_mask=mask)[:, -1]
+            next_position = next_position + 1
+    return torch.stack(tokens, 1), torch.stack(logits, 1)
