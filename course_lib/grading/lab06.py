@@ -1,0 +1,322 @@
+"""Graded checks for Lab 6 (batching determinism).
+
+Each ``check_*`` takes the learner's *functions*, draws its own inputs from a seed (fixed for the visible
+checks, ``fresh_seed()`` for the hidden tests) and compares against a contract:
+
+* ``check_pad_batch``: a left-padded batch with position ids from the mask. The layout is checked first
+  (each row's tokens in its last columns, the mask 0 then 1, a real token's position = the real tokens
+  before it); then the contract: on a toy decoder, each padded row's last-position logits equal the row
+  run alone, in prefill and over the cached decode steps that continue from the learner's positions,
+  within the float32 logit tolerance.
+* ``check_divergence_report``: the solo-versus-batched report on synthetic runs whose tokens agree, or
+  diverge at the first, a middle or the last step, and whose logits past the divergence differ a lot.
+  Logits count only on the common prefix (up to and including the first differing step).
+* ``check_invariant_linear``: a row-wise product y = x @ weight.T whose rows are *bitwise* independent of
+  the batch: a fixed row placed at the start, middle and end of batches of 1 to 16 rows must give
+  identical bits (``torch.equal``) at SmolLM2's matrix shapes and at ragged ones, and agree with a
+  float64 product within float32 rounding.
+
+When a contract fails, the checker names the listed fault that matches (docs/batching_determinism.md#exercises-and-contracts).
+"""
+from __future__ import annotations
+
+import math
+import random
+from typing import Callable
+
+import torch
+
+from ..batching import REPORT_KEYS, divergence_report
+from ..models.config import toy_config
+from ..models.decoder import Decoder
+from .contracts import (ContractError, check_logits_close, check_own_function, check_real, check_tensor,
+                        with_diagnosis)
+from .tables import Contract, Edit, Fault, check_tables
+
+#: Decode steps each padded batch continues for after its prefill.
+DECODE_STEPS = 8
+
+# -- pad_batch -----------------------------------------------------------------------------------
+
+
+def _toy(seed: int) -> Decoder:
+    return Decoder.random(toy_config(n_layers=2, vocab_size=256, max_seq_len=128), seed)
+
+
+def _layout_errors(prompts: list[torch.Tensor], ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> str:
+    """The first layout problem of row by row (empty string: none)."""
+    T = ids.shape[1]
+    for r, p in enumerate(prompts):
+        n, pads = len(p), T - len(p)
+        real = mask[r].to(torch.bool)
+        if pads and bool(real[:n].all()) and not bool(real[n:].any()):
+            return (f"row {r} (a prompt of {n} tokens in {T} columns) is right-padded: its mask is 1 in columns 0..{n - 1} "
+                    f"and 0 after, so its last column is a pad and the model would read the pad as the row's last "
+                    f"token. Pad on the left, so that every row ends with its own last token")
+        want_mask = [0] * pads + [1] * n
+        if real.int().tolist() != want_mask:
+            return f"row {r}: attention_mask is {real.int().tolist()}, expected {want_mask} (pads first, then the prompt)"
+        if ids[r, pads:].tolist() != p.tolist():
+            return f"row {r}: its last {n} columns hold {ids[r, pads:].tolist()}, not the prompt {p.tolist()}"
+        got = positions[r, pads:].tolist()
+        if got != list(range(n)):
+            if pads and got == list(range(pads, T)):
+                return (f"row {r} ({pads} pads): its real tokens have positions {got[:4]}...: they count the pad "
+                        f"columns (positions from the column index, ignoring padding); a row's first real token is at "
+                        f"position 0 whatever precedes it: cumsum(mask) - 1")
+            return f"row {r}: the positions of its real tokens are {got}, expected 0..{n - 1}"
+        if pads and (int(positions[r, :pads].min()) < 0):
+            return f"row {r}: pad positions must be valid positions (>= 0; clamp cumsum - 1 at 0), got {positions[r, :pads].tolist()}"
+    return ""
+
+
+def check_pad_batch(fn: Callable, seed: int = 0, cases: int = 2) -> None:
+    """``fn(prompts, pad_id) -> (input_ids, attention_mask, position_ids)``, each (B, T) with T the longest
+    prompt; input_ids int64, attention_mask int64 0/1 or bool, position_ids int64.
+
+    Raises: ContractError naming the row, the column and, when it matches, the fault."""
+    check_own_function("pad_batch", fn)
+    rng = random.Random(seed)
+    for case in range(cases):
+        model = _toy(rng.randrange(2 ** 31))
+        V = model.config.vocab_size
+        base = rng.randrange(4, 12)
+        lengths = [base + 7, base + 6, base, base + 7][: 3 + case % 2]   # 0, 1 and 7 pads (and a tie)
+        rng.shuffle(lengths)
+        g = torch.Generator().manual_seed(rng.randrange(2 ** 31))
+        prompts = [torch.randint(1, V, (n,), generator=g) for n in lengths]
+        pad_id = rng.choice([0, int(prompts[0][0])])                      # a pad id may equal a real token's
+        what = f"case {case}: prompts of lengths {lengths}, pad_id {pad_id}"
+        result = fn([p.clone() for p in prompts], pad_id)
+        if type(result) is not tuple or len(result) != 3:
+            raise ContractError(f"{what}: pad_batch must return a tuple (input_ids, attention_mask, position_ids), "
+                                f"got {type(result).__qualname__}")
+        B, T = len(prompts), max(lengths)
+        ids = check_tensor("input_ids", result[0], shape=(B, T), dtype=torch.int64)
+        raw_mask = result[1]
+        is_bool = type(raw_mask) is torch.Tensor and raw_mask.dtype == torch.bool
+        mask = check_tensor("attention_mask (int64 0/1 or bool)", raw_mask, shape=(B, T),
+                            dtype=torch.bool if is_bool else torch.int64)
+        positions = check_tensor("position_ids", result[2], shape=(B, T), dtype=torch.int64)
+        if mask.dtype == torch.int64 and not bool(((mask == 0) | (mask == 1)).all()):
+            raise ContractError(f"{what}: attention_mask must hold only 0 and 1")
+        problem = _layout_errors(prompts, ids, mask, positions)
+        if problem:
+            raise ContractError(f"{what}: {problem}")
+        if int(positions.max()) >= model.config.max_seq_len or int(ids.max()) >= V or int(ids.min()) < 0:
+            raise ContractError(f"{what}: token ids must lie in 0..{V - 1} and positions below the model's "
+                                f"max_seq_len {model.config.max_seq_len}")
+        _check_padded_logits(model, prompts, ids, mask.to(torch.int64), positions, what)
+
+
+@torch.no_grad()
+def _check_padded_logits(model: Decoder, prompts, ids, mask, positions, what: str) -> None:
+    """Each row's logits in the padded batch equal the row alone: prefill, then DECODE_STEPS cached steps."""
+    B, T = ids.shape
+    cache = model.new_cache(B, T + DECODE_STEPS)
+    steps = [model(ids, positions, cache, attention_mask=mask)[:, -1]]
+    position = positions[:, -1:] + 1
+    for _ in range(DECODE_STEPS):
+        mask = torch.cat([mask, mask.new_ones(B, 1)], 1)
+        steps.append(model(steps[-1].argmax(-1, keepdim=True), position, cache, attention_mask=mask)[:, -1])
+        position = position + 1
+    batched = torch.stack(steps, 1)                                    # (B, steps, V)
+    for r, p in enumerate(prompts):
+        solo_cache = model.new_cache(1, len(p) + DECODE_STEPS)
+        solo = [model(p[None], torch.arange(len(p)), solo_cache)[0, -1]]
+        for _ in range(DECODE_STEPS):
+            solo.append(model(solo[-1].argmax().view(1, 1), torch.tensor([solo_cache.length]), solo_cache)[0, -1])
+        solo = torch.stack(solo)
+        try:
+            check_logits_close(batched[r], solo, what=f"{what}: row {r}'s logits in the padded batch (step 0 = prefill)",
+                               tokens_actual=batched[r].argmax(-1).tolist(), tokens_expected=solo.argmax(-1).tolist())
+        except ContractError as err:
+            raise with_diagnosis(err, "the layout is right, so the batch's positions or mask reach the model wrongly: "
+                                      "check that decode continues each row at its own position "
+                                      "(its last position + 1)") from None
+
+
+# -- divergence_report -----------------------------------------------------------------------------
+
+
+def _runs(rng: random.Random, case: int):
+    """Synthetic (solo_tokens, batch_tokens, solo_logits, batch_logits, first_difference) with known answers.
+
+    Case kinds: 0 identical tokens; 1 divergence in the middle; 2 at step 0; 3 at the last step. Before the
+    divergence the two runs differ by float32-sized noise; at it, by a small flip of a near-tie; after it,
+    by a lot (other contexts), and the solo run has its smallest top-2 gap there, so a report that reads
+    past the divergence gets both numbers wrong."""
+    n, V = rng.randrange(12, 30), rng.randrange(40, 120)
+    g = torch.Generator().manual_seed(rng.randrange(2 ** 31))
+    solo = torch.randn(n, V, generator=g) * 3
+    top = solo.topk(2, dim=-1)
+    # keep each step's top-2 gap at least 0.05 so that noise never flips a token by accident
+    bump = (0.05 - (top.values[:, 0] - top.values[:, 1])).clamp(min=0)
+    solo[torch.arange(n), top.indices[:, 0]] += bump
+    batch = solo + torch.randn(n, V, generator=g) * rng.choice([1e-6, 1e-5, 1e-4])
+    kind = case % 4
+    first = None if kind == 0 else {1: rng.randrange(2, n - 3), 2: 0, 3: n - 1}[kind]
+    if first is not None:
+        a, b = solo[first].topk(2).indices.tolist()
+        solo[first, b] = solo[first, a] - 1e-3                              # a near-tie in the solo run ...
+        batch[first] = solo[first] + torch.randn(V, generator=g) * 1e-5
+        batch[first, b] = solo[first, a] + 1e-3                            # ... that the batch flips
+        if first + 1 < n:
+            batch[first + 1:] = torch.randn(n - first - 1, V, generator=g) * 3
+            late = rng.randrange(first + 1, n)
+            x, y = solo[late].topk(2).indices.tolist()
+            solo[late, y] = solo[late, x] - 1e-4                            # the smallest gap, past the divergence
+            batch[late, y] = batch[late].max() + 1.0                       # and a token that differs there
+    return solo.argmax(-1), batch.argmax(-1), solo, batch, first
+
+
+def check_divergence_report(fn: Callable, seed: int = 0, cases: int = 4) -> None:
+    """``fn(solo_tokens, batch_tokens, solo_logits, batch_logits) -> dict`` with the keys ``REPORT_KEYS``.
+
+    Raises: ContractError naming the key, both values and, when it matches, the fault."""
+    check_own_function("divergence_report", fn)
+    rng = random.Random(seed)
+    for case in range(max(cases, 4)):
+        st, bt, sl, bl, first = _runs(rng, case)
+        want = divergence_report(st, bt, sl, bl)
+        where = "identical tokens" if first is None else f"tokens first differ at step {first}"
+        what = f"case {case} ({len(st)} steps, {where})"
+        got = fn(st.clone(), bt.clone(), sl.clone(), bl.clone())
+        if type(got) is not dict:
+            raise ContractError(f"{what}: divergence_report must return a dict with keys {list(REPORT_KEYS)}, got "
+                                f"{type(got).__qualname__}")
+        missing = [k for k in REPORT_KEYS if k not in got]
+        if missing:
+            raise ContractError(f"{what}: the report lacks the keys {missing} (expected {list(REPORT_KEYS)})")
+        if type(got["tokens_equal"]) is not bool or got["tokens_equal"] != want.tokens_equal:
+            raise ContractError(f"{what}: tokens_equal must be the bool {want.tokens_equal}, got {got['tokens_equal']!r}")
+        for key in ("first_difference", "compared_steps", "gap_step"):
+            value, expected = got[key], getattr(want, key)
+            if value != expected or (value is not None and type(value) is not int):
+                raise ContractError(_with_fault(f"{what}: {key} must be {expected!r} (an int or None), got {value!r}",
+                                                key, value, st, bt, sl, bl, first))
+        for key in ("max_logit_difference", "smallest_top2_gap"):
+            value = check_real(key, got[key])
+            expected = getattr(want, key)
+            if not math.isclose(value, expected, rel_tol=1e-5, abs_tol=1e-7):
+                raise ContractError(_with_fault(f"{what}: {key} must be {expected:.6g}, got {value:.6g}",
+                                                key, value, st, bt, sl, bl, first))
+
+
+def _with_fault(message: str, key: str, value, st, bt, sl, bl, first) -> ContractError:
+    """MESSAGE with a diagnosis when VALUE is what comparing every step, or stopping before the first
+    differing step, gives."""
+    if first is None:
+        return ContractError(message)
+    n = len(st)
+    variants = {}
+    for label, steps in (("all", n), ("before", first)):
+        if steps == 0:
+            continue
+        diff = float((sl[:steps].double() - bl[:steps].double()).abs().max())
+        gaps = sl[:steps].double().topk(2, dim=-1).values
+        gaps = gaps[:, 0] - gaps[:, 1]
+        variants[label] = {"compared_steps": steps, "max_logit_difference": diff,
+                           "smallest_top2_gap": float(gaps.min()), "gap_step": int(gaps.argmin())}
+
+    def same(a, b):
+        return a == b if type(b) is int else (type(a) in (int, float) and math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7))
+
+    if key not in ("compared_steps", "max_logit_difference", "smallest_top2_gap", "gap_step"):
+        return ContractError(message)
+    if "all" in variants and same(value, variants["all"][key]) and first + 1 < n:
+        return with_diagnosis(message, f"compared logits past the first divergence: after step {first} the two runs "
+                                       f"read different tokens, so their logits differ for that reason alone; compare "
+                                       f"steps 0..{first} only (the logits at step {first} still saw the same context)")
+    if "before" in variants and same(value, variants["before"][key]):
+        return with_diagnosis(message, f"left out step {first}, the first differing step: its logits were computed "
+                                       f"from the same context as the solo run's, so they belong to the comparison")
+    return ContractError(message)
+
+
+# -- invariant_linear ------------------------------------------------------------------------------
+
+#: (K, N) of SmolLM2-135M's projections (q/o, k/v, gate/up, down), and ragged ones drawn per case.
+SMOLLM2_SHAPES = ((576, 576), (576, 192), (576, 1536), (1536, 576))
+BATCHES = (1, 2, 3, 4, 5, 8, 9, 16)
+
+
+def check_invariant_linear(fn: Callable, seed: int = 0, cases: int = 2) -> None:
+    """``fn(x, weight) -> y``: x (M, K) float32, weight (N, K) float32, y (M, N) float32 = x @ weight.T, with
+    each row's bits independent of the other rows and of M.
+
+    Raises: ContractError naming the batch size and place where a row changed, or the accuracy failure."""
+    check_own_function("invariant_linear", fn)
+    rng = random.Random(seed)
+    shapes = list(SMOLLM2_SHAPES)
+    rng.shuffle(shapes)
+    for case in range(cases):
+        K, N = shapes[case % len(shapes)] if case % 2 == 0 else (rng.randrange(100, 700), rng.randrange(30, 400))
+        g = torch.Generator().manual_seed(rng.randrange(2 ** 31))
+        weight = torch.randn(N, K, generator=g) / math.sqrt(K)
+        row = torch.randn(1, K, generator=g)
+        what = f"case {case}: weight ({N}, {K})"
+        alone = None
+        for M in BATCHES:
+            for place in sorted({0, M // 2, M - 1}):
+                x = torch.randn(M, K, generator=g)
+                x[place] = row[0]
+                y = check_tensor(f"{what}: invariant_linear(x ({M}, {K}), weight)", fn(x.clone(), weight.clone()),
+                                 shape=(M, N), dtype=torch.float32)
+                exact = x.double() @ weight.double().T
+                bound = 2 * (K + 2) * 2.0 ** -24 * (x.double().abs() @ weight.double().abs().T) + 1e-30
+                over = (y.double() - exact).abs() > bound
+                if bool(over.any()):
+                    r, c = (int(i) for i in over.nonzero()[0])
+                    raise ContractError(f"{what}, M = {M}: y[{r}, {c}] = {float(y[r, c]):.7g} but x @ weight.T is "
+                                        f"{float(exact[r, c]):.7g} (more than float32 rounding, {float(bound[r, c]):.2g}, "
+                                        f"apart): y must be x @ weight.T, every row of it")
+                if alone is None:
+                    alone = y[place].clone()
+                elif not torch.equal(y[place], alone):
+                    diff = float((y[place] - alone).abs().max())
+                    raise with_diagnosis(
+                        f"{what}: the same row gives other bits at row {place} of a batch of {M} than alone (max |diff| "
+                        f"{diff:.3g}): a row's result changes with the batch it is in",
+                        "a reduction whose split depends on the batch size: one product over all M rows lets the matrix "
+                        "library pick its kernel and its order of additions from M; call it only on tiles of a fixed "
+                        "number of rows (pad the last tile with zero rows)")
+
+
+# -- the tables ------------------------------------------------------------------------------------
+
+CONTRACTS = (
+    Contract("test_pad_batch", check_pad_batch, ("pad_batch",),
+             references=("course_lib.models.decoder.left_pad", "course_lib.models.decoder.positions_from_mask",
+                         "course_lib.models.decoder.generate_batch")),
+    Contract("test_divergence_report", check_divergence_report, ("divergence_report",),
+             references=("course_lib.batching.divergence_report",)),
+    Contract("test_invariant_linear", check_invariant_linear, ("invariant_linear",),
+             references=("course_lib.kernels.batch_invariant.torch_ops.linear",
+                         "course_lib.kernels.batch_invariant.triton_ops.matmul")),
+)
+
+FAULTS = (
+    Fault("positions_from_column_index",
+          (Edit("pad_batch", "positions = (mask.cumsum(-1) - 1).clamp(min=0)",
+                "positions = torch.arange(T).expand(len(prompts), T).clone()"),),
+          {"test_pad_batch": r"positions from the column index"},
+          "numbers positions by column, so a padded row's first real token is not at position 0"),
+    Fault("right_padding",
+          (Edit("pad_batch", "ids[i, T - len(p):] = p\n        mask[i, T - len(p):] = 1",
+                "ids[i, :len(p)] = p\n        mask[i, :len(p)] = 1"),),
+          {"test_pad_batch": r"right-padded: .*last column is a pad"},
+          "pads on the right, so a short row's last column, the one read for its next token, is a pad"),
+    Fault("split_depends_on_batch_size",
+          (Edit("invariant_linear", "rows = torch.cat([x, x.new_zeros(-M % tile, K)])",
+                "rows = x                                             # no tiles"),
+           Edit("invariant_linear", "out = torch.cat([rows[i:i + tile] @ weight.T for i in range(0, len(rows), tile)])",
+                "out = rows @ weight.T"),),
+          {"test_invariant_linear": r"split depends on the batch size"},
+          "computes the whole batch in one product, whose order of additions the library picks from M"),
+    Fault("logits_past_divergence",
+          (Edit("divergence_report", "steps = len(a) if first is None else first + 1", "steps = len(a)"),),
+          {"test_divergence_report": r"past the first divergence"},
+          "compares logits after the first differing token, where the two runs read different contexts"),
+)
+check_tables(CONTRACTS, FAULTS)

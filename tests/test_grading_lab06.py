@@ -1,0 +1,83 @@
+"""Lab 6's checkers beyond the tables (tests/test_lab_tables.py runs lab06.FAULTS): wrong answers the checkers
+must refuse, and correct variants they must accept."""
+import pytest
+import torch
+
+import solutions
+from course_lib.grading import ContractError, lab06
+
+LAB = "06_batching_determinism"
+ref = solutions.solution_functions(LAB)
+
+
+def test_pad_batch_accepts_a_bool_mask_and_other_pad_positions():
+    def bool_mask_pads_at_one(prompts, pad_id):
+        ids, mask, positions = ref.pad_batch(prompts, pad_id)
+        return ids, mask.bool(), positions.masked_fill(mask == 0, 1)      # transformers' convention for pads
+
+    for seed in (0, 1):
+        lab06.check_pad_batch(bool_mask_pads_at_one, seed=seed)
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda prompts, pad_id: ref.pad_batch(prompts, pad_id)[:2], "tuple"),
+    (lambda prompts, pad_id: (lambda i, m, p: (i, m.float(), p))(*ref.pad_batch(prompts, pad_id)), "dtype"),
+    (lambda prompts, pad_id: (lambda i, m, p: (i, m, p - 1))(*ref.pad_batch(prompts, pad_id)), "positions"),
+    (lambda prompts, pad_id: (lambda i, m, p: (i, torch.ones_like(m), p))(*ref.pad_batch(prompts, pad_id)),
+     "attention_mask is"),
+    (lambda prompts, pad_id: (lambda i, m, p: (i.flip(-1), m, p))(*ref.pad_batch(prompts, pad_id)), "not the prompt"),
+])
+def test_pad_batch_refuses_wrong_layouts(wrong, match):
+    with pytest.raises(ContractError, match=match):
+        lab06.check_pad_batch(wrong, seed=0)
+
+
+def test_divergence_report_refuses_a_report_that_stops_before_the_first_differing_step():
+    def before(st, bt, sl, bl):
+        report = ref.divergence_report(st, bt, sl, bl)
+        if report["first_difference"]:
+            shorter = ref.divergence_report(st[:report["first_difference"]], st[:report["first_difference"]],
+                                            sl[:report["first_difference"]], bl[:report["first_difference"]])
+            report.update(compared_steps=report["first_difference"],
+                          max_logit_difference=shorter["max_logit_difference"])
+        return report
+
+    with pytest.raises(ContractError, match="left out step"):
+        lab06.check_divergence_report(before, seed=0)
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda st, bt, sl, bl: {**ref.divergence_report(st, bt, sl, bl), "tokens_equal": 1}, "bool"),
+    (lambda st, bt, sl, bl: {k: v for k, v in ref.divergence_report(st, bt, sl, bl).items() if k != "gap_step"},
+     "lacks the keys"),
+    (lambda st, bt, sl, bl: list(ref.divergence_report(st, bt, sl, bl).values()), "dict"),
+    (lambda st, bt, sl, bl: {**ref.divergence_report(bt, st, bl, sl)}, "smallest_top2_gap|gap_step|max_logit"),
+])
+def test_divergence_report_refuses_wrong_answers(wrong, match):
+    with pytest.raises(ContractError, match=match):
+        lab06.check_divergence_report(wrong, seed=0)
+
+
+def test_invariant_linear_accepts_per_row_products_and_other_tiles():
+    def per_row(x, weight, tile=8):
+        """One row per product, each row copied to its own buffer. (A row *view* at an odd offset is not enough:
+        measured here, the one-row kernel gives other bits for the same row at another memory alignment when
+        K is odd, e.g. K = 333 or 623.)"""
+        return torch.cat([x[i:i + 1].clone() @ weight.T for i in range(len(x))])
+
+    def tiles_of_four(x, weight, tile=8):
+        return ref.invariant_linear(x, weight, tile=4)
+
+    for fn in (per_row, tiles_of_four):
+        lab06.check_invariant_linear(fn, seed=0)
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda x, weight, tile=8: (x @ weight.T).double(), "dtype"),
+    (lambda x, weight, tile=8: ref.invariant_linear(x, weight)[:1].expand(len(x), -1).clone(), "x @ weight.T"),
+    (lambda x, weight, tile=8: ref.invariant_linear(x, weight.flip(0)), "x @ weight.T"),
+    (lambda x, weight, tile=8: ref.invariant_linear(x, weight, tile=len(x)), "split depends on the batch size"),
+])
+def test_invariant_linear_refuses_wrong_products(wrong, match):
+    with pytest.raises(ContractError, match=match):
+        lab06.check_invariant_linear(wrong, seed=0)
