@@ -36,3 +36,12 @@ def run_kernel_tests_in_interpreter(test_file: str) -> None:
     assert proc.returncode == 0, f"interpreter run failed (rc {proc.returncode}):\n{out[-6000:]}"
     summary = out.strip().splitlines()[-1]
     assert "passed" in summary and "skipped" not in summary, f"kernel tests did not all run:\n{out[-6000:]}"
+
+
+def run_without_triton(code: str) -> subprocess.CompletedProcess:
+    """Run CODE in a fresh interpreter where ``import triton`` fails (as on macOS or Windows) and
+    TRITON_INTERPRET is unset; returns the finished process (stdout, stderr, returncode)."""
+    blocked = "import sys; sys.modules['triton'] = None; sys.modules['triton.language'] = None\n"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-c", blocked + code], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)

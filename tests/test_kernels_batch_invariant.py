@@ -21,21 +21,15 @@ Numerical Algorithms", 2nd ed., section 3.1; u = 2**-24 is float32's unit roundo
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from kernel_interpreter import run_kernel_tests_in_interpreter
+from kernel_interpreter import run_kernel_tests_in_interpreter, run_without_triton
 
 import course_lib.kernels as kernels_pkg
 from course_lib.kernels import TritonMode, triton_mode
 from course_lib.kernels.batch_invariant import triton_ops
 from course_lib.kernels.batch_invariant.triton_ops import matmul, reference_matmul, reference_rms_norm, rms_norm
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 MODE = triton_mode()
 KERNEL_RUNS_HERE = MODE in ("native", "interpreter")
 DEVICE = "cuda" if MODE == "native" else "cpu"
@@ -188,7 +182,6 @@ def test_module_imports_and_falls_back_without_triton():
     """A fresh interpreter where ``import triton`` fails (as on macOS/Windows): the module imports,
     both functions return their references' answers and print the notice."""
     code = (
-        "import sys; sys.modules['triton'] = None; sys.modules['triton.language'] = None\n"
         "import torch\n"
         "from course_lib.kernels.batch_invariant import triton_ops as t\n"
         "assert t._matmul_kernel is None and t._rms_norm_kernel is None\n"
@@ -198,9 +191,7 @@ def test_module_imports_and_falls_back_without_triton():
         "assert torch.equal(t.rms_norm(x, w[0], 1e-5), t.reference_rms_norm(x, w[0], 1e-5))\n"
         "print('ok')\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = run_without_triton(code)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
     assert ("course_lib.kernels.batch_invariant.matmul: using the PyTorch reference (triton does not import"
             in proc.stderr)

@@ -17,14 +17,9 @@ the reference with twice that: only the summation order may differ.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from kernel_interpreter import run_kernel_tests_in_interpreter
+from kernel_interpreter import run_kernel_tests_in_interpreter, run_without_triton
 
 import course_lib.kernels as kernels_pkg
 from course_lib.kernels import TritonMode, triton_mode
@@ -32,7 +27,6 @@ from course_lib.kernels import w4a16 as w4a16_module
 from course_lib.kernels.w4a16 import reference_w4a16, w4a16_matmul
 from course_lib.quant.packing import PackedInt4, pack_int4
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 MODE = triton_mode()
 KERNEL_RUNS_HERE = MODE in ("native", "interpreter")
 DEVICE = "cuda" if MODE == "native" else "cpu"
@@ -217,7 +211,6 @@ def test_module_imports_and_falls_back_without_triton():
     """A fresh interpreter where ``import triton`` fails (as on macOS/Windows): the module
     imports, w4a16_matmul returns the reference's answer and prints the notice."""
     code = (
-        "import sys; sys.modules['triton'] = None; sys.modules['triton.language'] = None\n"
         "import torch\n"
         "from course_lib.kernels import w4a16\n"
         "from course_lib.quant.packing import pack_int4\n"
@@ -230,9 +223,7 @@ def test_module_imports_and_falls_back_without_triton():
         "assert (y.double() - ref).abs().max().item() < 1e-5, y\n"
         "print('ok')\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = run_without_triton(code)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
     assert "course_lib.kernels.w4a16: using the PyTorch reference (triton does not import" in proc.stderr
 

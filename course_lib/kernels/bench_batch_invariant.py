@@ -143,16 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         return rc
 
     from .bench_gemv import median_ms
-    from .bench_w4a16 import device_for
+    from .bench_w4a16 import peak_bandwidth
 
     name = torch.cuda.get_device_name(0)
-    device = device_for(name)
-    if args.peak_gbps is not None:
-        peak, peak_source = args.peak_gbps, "--peak-gbps"
-    elif device is not None:
-        peak, peak_source = device.bandwidth / 1e9, f"course_lib.hardware {device.name!r}: {device.source}"
-    else:
-        peak, peak_source = None, None
+    peak, peak_source = peak_bandwidth(name, args.peak_gbps)
     dtype = getattr(torch, args.dtype)
     b = torch.tensor([], dtype=dtype).element_size()
     print(f"device: {name}; peak bandwidth (vendor bound): "

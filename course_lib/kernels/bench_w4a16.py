@@ -44,6 +44,17 @@ def device_for(device_name: str) -> Device | None:
     return None
 
 
+def peak_bandwidth(device_name: str, peak_gbps: float | None) -> tuple[float | None, str | None]:
+    """(peak bandwidth in GB/s, where it comes from) for a benchmark's fraction-of-peak column: ``peak_gbps``
+    when given (the --peak-gbps option), else the vendor bound of the ``device_for`` entry, else (None, None)."""
+    if peak_gbps is not None:
+        return peak_gbps, "--peak-gbps"
+    device = device_for(device_name)
+    if device is not None:
+        return device.bandwidth / 1e9, f"course_lib.hardware {device.name!r}: {device.source}"
+    return None, None
+
+
 def _parse_pairs(text: str) -> list[tuple[int, int]]:
     pairs = []
     for item in text.split(","):
@@ -82,13 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     name = torch.cuda.get_device_name(0)
-    device = device_for(name)
-    if args.peak_gbps is not None:
-        peak, peak_source = args.peak_gbps, "--peak-gbps"
-    elif device is not None:
-        peak, peak_source = device.bandwidth / 1e9, f"course_lib.hardware {device.name!r}: {device.source}"
-    else:
-        peak, peak_source = None, None
+    peak, peak_source = peak_bandwidth(name, args.peak_gbps)
     blocks = dict(block_m=args.block_m or DEFAULT_BLOCK_M, block_n=args.block_n or DEFAULT_BLOCK_N,
                   block_k=args.block_k or DEFAULT_BLOCK_K, num_warps=args.num_warps)
     g = args.group_size
