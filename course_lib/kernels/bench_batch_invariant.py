@@ -40,14 +40,6 @@ import torch
 DEFAULT_SHAPES = "576x576,1536x576,576x1536,49152x576"
 
 
-def _parse_pairs(text: str) -> list[tuple[int, int]]:
-    pairs = []
-    for item in text.split(","):
-        n, k = item.lower().split("x")
-        pairs.append((int(n), int(k)))
-    return pairs
-
-
 def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
 
@@ -143,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         return rc
 
     from .bench_gemv import median_ms
-    from .bench_w4a16 import peak_bandwidth
+    from .bench_w4a16 import parse_pairs, peak_bandwidth
 
     name = torch.cuda.get_device_name(0)
     peak, peak_source = peak_bandwidth(name, args.peak_gbps)
@@ -159,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{'t_tri/t_cub':>11} {'invariant':>9}")
     print(header)
     print("-" * len(header))
-    for N, K in _parse_pairs(args.shapes):
+    for N, K in parse_pairs(args.shapes):
         gen = torch.Generator(device="cuda").manual_seed(0)
         w = torch.randn(N, K, device="cuda", generator=gen).to(dtype)
         for M in (int(m) for m in args.m.split(",")):

@@ -55,7 +55,8 @@ def peak_bandwidth(device_name: str, peak_gbps: float | None) -> tuple[float | N
     return None, None
 
 
-def _parse_pairs(text: str) -> list[tuple[int, int]]:
+def parse_pairs(text: str) -> list[tuple[int, int]]:
+    """"576x576,1536x576" -> [(576, 576), (1536, 576)]: the --shapes option of the kernel benchmarks."""
     pairs = []
     for item in text.split(","):
         n, k = item.lower().split("x")
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     header = f"{'N x K':>12} {'M':>4} {'impl':>7} {'ms':>9} {'GB/s':>8} {'of peak':>8}"
     print(header)
     print("-" * len(header))
-    for N, K in _parse_pairs(args.shapes):
+    for N, K in parse_pairs(args.shapes):
         if K % g:
             print(f"{f'{N}x{K}':>12}  skipped: group size {g} does not divide K={K}")
             continue
