@@ -1,5 +1,8 @@
 """Lab 6's checkers beyond the tables (tests/test_lab_tables.py runs lab06.FAULTS): wrong answers the checkers
 must refuse, and correct variants they must accept."""
+import functools
+import hashlib
+
 import pytest
 import torch
 
@@ -81,3 +84,63 @@ def test_invariant_linear_accepts_per_row_products_and_other_tiles():
 def test_invariant_linear_refuses_wrong_products(wrong, match):
     with pytest.raises(ContractError, match=match):
         lab06.check_invariant_linear(wrong, seed=0)
+
+
+# -- holes a hostile review found, kept closed -----------------------------------------------------
+
+
+def test_pad_batch_refuses_pad_columns_without_pad_id():
+    with pytest.raises(ContractError, match="pad columns hold"):
+        for seed in range(4):
+            lab06.check_pad_batch(lambda prompts, pad_id: ref.pad_batch(prompts, pad_id + 1), seed=seed)
+
+
+def test_divergence_report_refuses_a_report_of_the_first_differing_step_alone():
+    def at_first_only(st, bt, sl, bl):
+        report = ref.divergence_report(st, bt, sl, bl)
+        first = report["first_difference"]
+        if first is not None:
+            top = sl[first].topk(2).values
+            report.update(max_logit_difference=float((sl[first] - bl[first]).abs().max()),
+                          smallest_top2_gap=float(top[0] - top[1]), gap_step=first)
+        return report
+
+    for seed in range(3):
+        with pytest.raises(ContractError):
+            lab06.check_divergence_report(at_first_only, seed=seed)
+
+
+def test_invariant_linear_refuses_a_memo_of_rows_and_a_fix_at_the_usual_places():
+    memo = {}
+
+    def remembered(x, weight, tile=8):
+        y = x @ weight.T
+        for i in range(len(x)):
+            key = (x[i].numpy().tobytes(), hashlib.sha1(weight.numpy().tobytes()).hexdigest())
+            if key in memo:
+                y[i] = memo[key]
+            else:
+                memo[key] = y[i].clone()
+        return y
+
+    def usual_places(x, weight, tile=8):
+        M, y = len(x), x @ weight.T
+        for i in {0, M // 2, M - 1}:
+            y[i] = (x[i:i + 1].clone() @ weight.T)[0]
+        return y
+
+    for wrong in (remembered, usual_places):
+        with pytest.raises(ContractError, match="split depends on the batch size"):
+            lab06.check_invariant_linear(wrong, seed=0)
+
+
+def test_a_wrapped_reference_is_not_the_learners_own():
+    from course_lib.kernels.batch_invariant import torch_ops
+
+    @functools.wraps(torch_ops.linear)
+    def wrapper(x, weight, tile=8):
+        return torch_ops.linear(x, weight)
+
+    for fn in (functools.partial(torch_ops.linear), wrapper):
+        with pytest.raises(ContractError, match="course_lib's reference"):
+            lab06.check_invariant_linear(fn, seed=0)

@@ -23,6 +23,7 @@ case, what differed and the diagnosis first, then the learner's own cell line
 """
 from __future__ import annotations
 
+import functools
 import linecache
 import math
 import os
@@ -255,9 +256,18 @@ def check_own_function(name: str, fn) -> None:
     if is_unsolved_stub(fn):
         raise ExerciseNeeded(f"`{name}` is not written yet (it still raises NotImplementedError): write it in its "
                              "exercise cell, run that cell, then rerun this check.", unsolved=(name,))
-    if str(getattr(fn, "__module__", "") or "").startswith("course_lib"):
-        raise ContractError(f"{name} is course_lib's reference {fn.__module__}.{getattr(fn, '__qualname__', '')}; "
-                            "the exercise asks for your own implementation")
+    inner, seen = fn, 0
+    while seen < 20:                              # functools.partial(f) and @functools.wraps wrappers of f are f
+        seen += 1
+        wrapped = getattr(inner, "func", None) if isinstance(inner, functools.partial) else \
+            inner.__dict__.get("__wrapped__") if hasattr(inner, "__dict__") else None
+        if wrapped is None:
+            break
+        inner = wrapped
+    for candidate in (fn, inner):
+        if str(getattr(candidate, "__module__", "") or "").startswith("course_lib"):
+            raise ContractError(f"{name} is course_lib's reference {candidate.__module__}."
+                                f"{getattr(candidate, '__qualname__', '')}; the exercise asks for your own implementation")
 
 
 def check_int_list(name: str, obj) -> list[int]:

@@ -30,7 +30,7 @@ from ..batching import REPORT_KEYS, divergence_report
 from ..models.config import toy_config
 from ..models.decoder import Decoder
 from .contracts import (ContractError, check_logits_close, check_own_function, check_real, check_tensor,
-                        with_diagnosis)
+                        first_divergence, with_diagnosis)
 from .tables import Contract, Edit, Fault, check_tables
 
 #: Decode steps each padded batch continues for after its prefill.
@@ -43,7 +43,8 @@ def _toy(seed: int) -> Decoder:
     return Decoder.random(toy_config(n_layers=2, vocab_size=256, max_seq_len=128), seed)
 
 
-def _layout_errors(prompts: list[torch.Tensor], ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> str:
+def _layout_errors(prompts: list[torch.Tensor], pad_id: int, ids: torch.Tensor, mask: torch.Tensor,
+                   positions: torch.Tensor) -> str:
     """The first layout problem of row by row (empty string: none)."""
     T = ids.shape[1]
     for r, p in enumerate(prompts):
@@ -58,6 +59,8 @@ def _layout_errors(prompts: list[torch.Tensor], ids: torch.Tensor, mask: torch.T
             return f"row {r}: attention_mask is {real.int().tolist()}, expected {want_mask} (pads first, then the prompt)"
         if ids[r, pads:].tolist() != p.tolist():
             return f"row {r}: its last {n} columns hold {ids[r, pads:].tolist()}, not the prompt {p.tolist()}"
+        if pads and ids[r, :pads].tolist() != [pad_id] * pads:
+            return f"row {r}: its {pads} pad columns hold {ids[r, :pads].tolist()}, not pad_id {pad_id}"
         got = positions[r, pads:].tolist()
         if got != list(range(n)):
             if pads and got == list(range(pads, T)):
@@ -100,7 +103,7 @@ def check_pad_batch(fn: Callable, seed: int = 0, cases: int = 2) -> None:
         positions = check_tensor("position_ids", result[2], shape=(B, T), dtype=torch.int64)
         if mask.dtype == torch.int64 and not bool(((mask == 0) | (mask == 1)).all()):
             raise ContractError(f"{what}: attention_mask must hold only 0 and 1")
-        problem = _layout_errors(prompts, ids, mask, positions)
+        problem = _layout_errors(prompts, pad_id, ids, mask, positions)
         if problem:
             raise ContractError(f"{what}: {problem}")
         if int(positions.max()) >= model.config.max_seq_len or int(ids.max()) >= V or int(ids.min()) < 0:
@@ -143,9 +146,12 @@ def _runs(rng: random.Random, case: int):
     """Synthetic (solo_tokens, batch_tokens, solo_logits, batch_logits, first_difference) with known answers.
 
     Case kinds: 0 identical tokens; 1 divergence in the middle; 2 at step 0; 3 at the last step. Before the
-    divergence the two runs differ by float32-sized noise; at it, by a small flip of a near-tie; after it,
-    by a lot (other contexts), and the solo run has its smallest top-2 gap there, so a report that reads
-    past the divergence gets both numbers wrong."""
+    divergence the two runs differ by float32-sized noise; at it, by a small flip of a near-tie (the batch
+    raises the runner-up or lowers the leader); after it, by a lot (other contexts), and the solo run has
+    its smallest top-2 gap there, so a report that reads past the divergence gets both numbers wrong. In
+    kind 1, two earlier steps that flip nothing hold the largest logit difference and the smallest gap of
+    the common prefix, so a report that reads the first differing step alone is wrong too; in kinds 2 and
+    3 the first differing step holds both, so a report that leaves it out is wrong."""
     n, V = rng.randrange(12, 30), rng.randrange(40, 120)
     g = torch.Generator().manual_seed(rng.randrange(2 ** 31))
     solo = torch.randn(n, V, generator=g) * 3
@@ -160,14 +166,27 @@ def _runs(rng: random.Random, case: int):
         a, b = solo[first].topk(2).indices.tolist()
         solo[first, b] = solo[first, a] - 1e-3                              # a near-tie in the solo run ...
         batch[first] = solo[first] + torch.randn(V, generator=g) * 1e-5
-        batch[first, b] = solo[first, a] + 1e-3                            # ... that the batch flips
+        if rng.random() < 0.5:                                              # ... that the batch flips
+            batch[first, b] = solo[first, a] + 1e-3
+        else:
+            batch[first, a] = solo[first, b] - 1e-3
+        if kind == 1:
+            e, e2 = rng.sample(range(first), 2)
+            c = int(solo[e].argmin())                                       # the largest |diff|, no flip
+            batch[e, c] = solo[e, c] + rng.choice([-1, 1]) * 5e-3
+            x, y = solo[e2].topk(2).indices.tolist()                        # the smallest gap, no flip
+            solo[e2, y] = solo[e2, x] - 3e-4
+            batch[e2, x], batch[e2, y] = solo[e2, x], solo[e2, y]
         if first + 1 < n:
             batch[first + 1:] = torch.randn(n - first - 1, V, generator=g) * 3
             late = rng.randrange(first + 1, n)
             x, y = solo[late].topk(2).indices.tolist()
             solo[late, y] = solo[late, x] - 1e-4                            # the smallest gap, past the divergence
             batch[late, y] = batch[late].max() + 1.0                       # and a token that differs there
-    return solo.argmax(-1), batch.argmax(-1), solo, batch, first
+    solo_tokens, batch_tokens = solo.argmax(-1), batch.argmax(-1)
+    if first_divergence(solo_tokens.tolist(), batch_tokens.tolist()) != first:
+        raise RuntimeError("Lab 6 grader: a synthetic run diverged at another step than planned (a grader bug)")
+    return solo_tokens, batch_tokens, solo, batch, first
 
 
 def check_divergence_report(fn: Callable, seed: int = 0, cases: int = 4) -> None:
@@ -256,11 +275,15 @@ def check_invariant_linear(fn: Callable, seed: int = 0, cases: int = 2) -> None:
         weight = torch.randn(N, K, generator=g) / math.sqrt(K)
         row = torch.randn(1, K, generator=g)
         what = f"case {case}: weight ({N}, {K})"
-        alone = None
+        alone = check_tensor(f"{what}: invariant_linear(x (1, {K}), weight)", fn(row.clone(), weight.clone()),
+                             shape=(1, N), dtype=torch.float32)[0]
         for M in BATCHES:
-            for place in sorted({0, M // 2, M - 1}):
+            for place in sorted({0, rng.randrange(M), M - 1}):
+                # the row comes back scaled by a power of two: exact in float32, so a product that adds in a
+                # fixed order gives exactly scale * alone (and a memo of rows seen before cannot answer)
+                scale = rng.choice([-1.0, 1.0]) * 2.0 ** rng.randrange(-3, 4)
                 x = torch.randn(M, K, generator=g)
-                x[place] = row[0]
+                x[place] = row[0] * scale
                 y = check_tensor(f"{what}: invariant_linear(x ({M}, {K}), weight)", fn(x.clone(), weight.clone()),
                                  shape=(M, N), dtype=torch.float32)
                 exact = x.double() @ weight.double().T
@@ -271,13 +294,12 @@ def check_invariant_linear(fn: Callable, seed: int = 0, cases: int = 2) -> None:
                     raise ContractError(f"{what}, M = {M}: y[{r}, {c}] = {float(y[r, c]):.7g} but x @ weight.T is "
                                         f"{float(exact[r, c]):.7g} (more than float32 rounding, {float(bound[r, c]):.2g}, "
                                         f"apart): y must be x @ weight.T, every row of it")
-                if alone is None:
-                    alone = y[place].clone()
-                elif not torch.equal(y[place], alone):
-                    diff = float((y[place] - alone).abs().max())
+                if not torch.equal(y[place], alone * scale):
+                    diff = float((y[place] - alone * scale).abs().max())
                     raise with_diagnosis(
-                        f"{what}: the same row gives other bits at row {place} of a batch of {M} than alone (max |diff| "
-                        f"{diff:.3g}): a row's result changes with the batch it is in",
+                        f"{what}: a row gives other bits at row {place} of a batch of {M} than alone (the row entered "
+                        f"scaled by {scale:g}, which is exact, so the result must be exactly {scale:g} times the row's "
+                        f"result alone; max |diff| {diff:.3g}): a row's result changes with the batch it is in",
                         "a reduction whose split depends on the batch size: one product over all M rows lets the matrix "
                         "library pick its kernel and its order of additions from M; call it only on tiles of a fixed "
                         "number of rows (pad the last tile with zero rows)")
