@@ -212,7 +212,8 @@ def check_divergence_report(fn: Callable, seed: int = 0, cases: int = 4) -> None
         for key in ("first_difference", "compared_steps", "gap_step"):
             value, expected = got[key], getattr(want, key)
             if value != expected or (value is not None and type(value) is not int):
-                raise ContractError(_with_fault(f"{what}: {key} must be {expected!r} (an int or None), got {value!r}",
+                kind = "an int, or None when the tokens are equal" if key == "first_difference" else "an int"
+                raise ContractError(_with_fault(f"{what}: {key} must be {expected!r} ({kind}), got {value!r}",
                                                 key, value, st, bt, sl, bl, first))
         for key in ("max_logit_difference", "smallest_top2_gap"):
             value = check_real(key, got[key])
