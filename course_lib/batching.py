@@ -4,7 +4,8 @@ alone against the same row in a batch, and the price of batch-invariant mode.
 - :func:`batch_sweep` times prefill and every decode step of left-padded batches of B = 1, 2, 4, 8, 16
   and sets the median step beside the roofline bound (``roofline.step_time_bound``: weights read once
   per step plus each row's KV cache, against 2 N B FLOPs; ``docs/roofline.md#cost-calculator``) with the
-  bandwidth and peak measured on this machine (``roofline.measure_matmul`` / ``estimate_roof``, Lab 1).
+  bandwidth and peak measured on this machine (``roofline.measure_gemv_bandwidth``, ``measure_matmul`` and
+  ``estimate_roof``, Lab 1).
 - :func:`divergence_report` compares a solo run with the same row's run inside a batch. Logits are
   compared on the common prefix only: the logits at the first step whose tokens differ were still
   computed from the same context, later ones are not (course Lab 6; the same rule as the grading
@@ -232,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     import pandas as pd
 
     from .data import load_smollm2
-    from .roofline import estimate_roof, measure_matmul
+    from .models.bench import weight_bytes
+    from .roofline import estimate_roof, measure_gemv_bandwidth, measure_matmul
 
     model, tokenizer, _ = load_smollm2()
     print(f"threads {torch.get_num_threads()}, device cpu, float32, median of {args.repeats} after 2 warm-up steps")
@@ -240,8 +242,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         cost = invariant_cost(model, context=args.context, repeats=args.repeats)
         print(f"\none decode step, context {args.context}: default path against batch_invariant_mode\n{cost}")
         if not args.no_sweep:
-            roof = estimate_roof(measure_matmul(d=4096, batches=(1, 256), progress=False))
-            print(f"\nroof: {roof.bandwidth / 1e9:.1f} GB/s, {roof.peak_flops / 1e9:.0f} GFLOP/s (measure_matmul, d 4096)")
+            roof = estimate_roof(measure_matmul(d=4096, batches=(1, 256), progress=False),
+                                 measure_gemv_bandwidth(weight_bytes(model)))
+            print(f"\nroof: {roof.bandwidth / 1e9:.1f} GB/s (measure_gemv_bandwidth over the model's weight bytes), "
+                  f"{roof.peak_flops / 1e9:.0f} GFLOP/s (measure_matmul, d 4096)")
             prompts = [torch.tensor(tokenizer(text)["input_ids"]) for text in (
                 "The key-value cache stores the keys and values of earlier tokens.",
                 "Batching many requests together raises throughput because",

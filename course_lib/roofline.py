@@ -46,7 +46,7 @@ __all__ = [
     "serving_file_bytes", "default_weight_bytes", "requests_that_fit", "prefill_flops", "prefill_time",
     "decode_step_flops", "decode_step", "decode_step_bound", "capacity_table", "weight_bytes_for_format",
     "kv_bytes_per_sequence", "step_time_bound", "smallest_compute_bound_batch", "gemv_intensity",
-    "gemm_intensity", "decode_attention_intensity", "DEFAULT_BATCHES", "measure_matmul", "MeasuredRoof",
+    "gemm_intensity", "decode_attention_intensity", "DEFAULT_BATCHES", "measure_matmul", "MeasuredRoof", "GemvBandwidth", "measure_gemv_bandwidth",
     "estimate_roof",
 ]
 
@@ -519,6 +519,67 @@ def measure_matmul(d: int = 4096, batches=DEFAULT_BATCHES, warmup: int = 2, repe
 
 
 @dataclass(frozen=True)
+class GemvBandwidth:
+    """What ``measure_gemv_bandwidth`` measured: ``bandwidth`` in bytes/s (the matrices' bytes over the
+    median time of one pass), ``bytes`` streamed per pass, the matrix width ``d``, ``matrices`` per pass,
+    ``threads`` and the ``course_lib.timing.Timing`` of a pass."""
+
+    bandwidth: float
+    bytes: int
+    d: int
+    matrices: int
+    threads: int
+    timing: object
+
+    def floor_s(self, weight_bytes: float) -> float:
+        """The weight-streaming floor of a decode step: ``weight_bytes`` / ``bandwidth``, in seconds.
+        Raises: ValueError for weight_bytes <= 0."""
+        return positive_number("weight_bytes", weight_bytes) / self.bandwidth
+
+
+def measure_gemv_bandwidth(total_bytes: float = 538e6, d: int = 4096, warmup: int = 2, repeats: int = 9,
+                           seed: int = 0) -> GemvBandwidth:
+    """The bandwidth a large float32 matrix-vector product reaches on this CPU, over more bytes than any
+    cache holds: the floor that a decode step, which streams every weight once, is measured against
+    (``docs/decoder_performance.md``; Lab 1 section 9 and ``python -m course_lib.models.bench``).
+
+    One pass computes ``x @ W_i`` for ceil(total_bytes / (4 d^2)) matrices ``W_i`` of d x d float32,
+    each stored (in, out) row-major (the fast layout of a matrix-vector product in the BLAS; see
+    ``course_lib.models.decoder.streaming_layout``), one after another; the matrices together are at
+    least ``total_bytes``, so a pass cannot be served from the last-level cache when ``total_bytes``
+    exceeds it (give the model's weight bytes: the same bytes a decode step streams). A single matrix
+    of 64 MiB fits in some servers' caches, and then measures the cache, not memory. Timing:
+    ``course_lib.timing.measure`` (warm-up passes, then the median of ``repeats``).
+
+    Args:
+        total_bytes: bytes to stream per pass (> 0; default: about SmolLM2-135M's float32 weights).
+        d: matrix width (int > 0). warmup: int >= 0. repeats: int >= 1. seed: for the random matrices.
+
+    Returns: a ``GemvBandwidth``.
+
+    Raises: ValueError for a non-positive total_bytes or d, warmup < 0 or repeats < 1.
+    """
+    import torch
+
+    from .timing import measure
+
+    total_bytes = positive_number("total_bytes", total_bytes)
+    d = positive_integer("d", d)
+    count = max(1, math.ceil(total_bytes / (4 * d * d)))
+    gen = torch.Generator().manual_seed(seed)
+    matrices = [torch.randn(d, d, generator=gen) for _ in range(count)]      # each (in, out), contiguous
+    x = torch.randn(1, d, generator=gen)
+
+    def one_pass() -> None:
+        for w in matrices:
+            torch.mm(x, w)
+
+    timing = measure(one_pass, "cpu", warmup=warmup, repeats=repeats)
+    nbytes = 4 * d * d * count
+    return GemvBandwidth(nbytes / timing.median_s, nbytes, d, count, torch.get_num_threads(), timing)
+
+
+@dataclass(frozen=True)
 class MeasuredRoof:
     """A machine's roof estimated from ``measure_matmul``: ``bandwidth`` (bytes/s, from the
     smallest B), ``peak_flops`` (FLOP/s, from the largest B) and ``ridge_point`` (FLOP/byte).
@@ -533,13 +594,19 @@ class MeasuredRoof:
         return self.peak_flops / self.bandwidth
 
 
-def estimate_roof(measurements) -> MeasuredRoof:
-    """Bandwidth from the first row (B = 1: one pass over W, memory-bound) and peak compute
-    from the last row (largest B) of a ``measure_matmul`` table (``docs/roofline.md#cpu-measurement``).
+def estimate_roof(measurements, streaming: GemvBandwidth | None = None) -> MeasuredRoof:
+    """Peak compute from the last row (largest B) of a ``measure_matmul`` table, and bandwidth from
+    ``streaming`` (a ``measure_gemv_bandwidth`` result: a pass over more bytes than the caches hold) or,
+    without it, from the table's first row (B = 1: one pass over one d x d W, which a large last-level
+    cache may hold; ``docs/roofline.md#cpu-measurement``).
 
-    Raises: ValueError if the table lacks the columns ``gb_s`` and ``gflop_s`` or is empty."""
+    Raises: ValueError if the table lacks the columns ``gb_s`` and ``gflop_s`` or is empty;
+    ArgumentTypeError for a ``streaming`` that is not a GemvBandwidth."""
     cols = getattr(measurements, "columns", ())
     if "gb_s" not in cols or "gflop_s" not in cols or len(measurements) == 0:
         raise ValueError("estimate_roof needs a non-empty table from measure_matmul (columns gb_s, gflop_s)")
-    return MeasuredRoof(bandwidth=float(measurements["gb_s"].iloc[0]) * 1e9,
-                        peak_flops=float(measurements["gflop_s"].iloc[-1]) * 1e9)
+    if streaming is not None:
+        bandwidth = instance("streaming", streaming, GemvBandwidth).bandwidth
+    else:
+        bandwidth = float(measurements["gb_s"].iloc[0]) * 1e9
+    return MeasuredRoof(bandwidth=bandwidth, peak_flops=float(measurements["gflop_s"].iloc[-1]) * 1e9)

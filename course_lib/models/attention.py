@@ -100,13 +100,25 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
         raise ValueError(f"expected start + T = {start + T} keys, got {S}")
     if Hq % Hkv:
         raise ValueError(f"KV heads ({Hkv}) must divide query heads ({Hq})")
-    key_mask = check_key_mask(key_mask, B, S)
-    kk = repeat_kv(zero_pad_slots(k, key_mask), Hq // Hkv).to(torch.float32)
-    vv = repeat_kv(zero_pad_slots(v, key_mask), Hq // Hkv).to(torch.float32)
+    return attend(q, k, v, start, check_key_mask(key_mask, B, S))
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+           key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``causal_attention`` without its argument checks: the decoder's inner path, called 30 times a
+    step with shapes its entry checks already fixed (the checked functions of this module call it too).
+
+    GQA without copies: ``enable_gqa`` lets PyTorch's fused attention read KV head h // group for query
+    head h (``repeat_interleave`` order) instead of materialising the repeated keys and values, which
+    a decode step would otherwise copy out of the whole cache in every layer (``docs/decoder_performance.md``).
+    Scores and softmax in float32; returns q's dtype.
+    """
+    T, S = q.shape[-2], k.shape[-2]
     # softmax(q k^T / sqrt(D) + mask) v, fused by PyTorch (same math, far less memory traffic
     # than materialising the (T, S) score matrix on long prompts).
     mask, is_causal = None, False
     if key_mask is not None:
+        k, v = zero_pad_slots(k, key_mask), zero_pad_slots(v, key_mask)
         mask = attention_allowed(T, S, start, key_mask, q.device)[:, None]     # (B, 1, T, S)
     elif T == 1:
         pass                                            # the newest query sees every key
@@ -115,9 +127,18 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     else:
         query_pos = torch.arange(T, device=q.device)[:, None] + start
         mask = torch.arange(S, device=q.device)[None, :] <= query_pos    # True = may attend
-    out = torch.nn.functional.scaled_dot_product_attention(q.to(torch.float32), kk, vv, attn_mask=mask,
-                                                           is_causal=is_causal, scale=1.0 / math.sqrt(D))
+    f32 = torch.float32
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.to(f32), k.to(f32), v.to(f32), attn_mask=mask, is_causal=is_causal, scale=1.0 / math.sqrt(q.shape[-1]),
+        enable_gqa=k.shape[1] != q.shape[1])
     return out.to(q.dtype)
+
+
+def attend_cached(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, start: int, *, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``attend_with_cache`` without its argument checks (the decoder's default ``attention_fn``)."""
+    keys, values = write_then_keys(k_new, v_new, k_cache, v_cache, start)
+    return attend(q, keys, values, start, key_mask)
 
 
 def attend_with_cache(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
@@ -156,8 +177,9 @@ def attend_with_cache(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                          f"{tuple(v_cache.shape)}")
     if start + T > k_cache.shape[-2]:
         raise ValueError(f"slots {start}..{start + T - 1} do not fit a cache of {k_cache.shape[-2]}")
+    key_mask = check_key_mask(key_mask, B, start + T)
     keys, values = write_then_keys(k_new, v_new, k_cache, v_cache, start)
-    return causal_attention(q, keys, values, start, key_mask=key_mask)
+    return attend(q, keys, values, start, key_mask)
 
 
 def write_then_keys(k_new, v_new, k_cache, v_cache, start):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 import sys
 from typing import Callable, Mapping
@@ -32,6 +31,7 @@ import pandas as pd
 import torch
 
 from ..models.decoder import Decoder, generate_cached
+from ..timing import load_note
 from .costs import timed
 from .drafts import Draft, PromptLookupDraft, truncated_draft
 from .greedy import generate_speculative
@@ -208,9 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                         gamma=args.gamma, max_new_tokens=tokens, repeats=1, warmup=0)
         print_table(table)
         ok = ok and bool(table.same_tokens.all())
-    load, cores = os.getloadavg()[0], os.cpu_count()
-    print(f"\nload average (1 min) at the end: {load:.2f} on {cores} cores"
-          + (" - other processes competed for the CPU, so the times are unreliable" if load > cores + 0.5 else ""))
+    print("\n" + load_note())
     return 0 if ok else 1
 
 
