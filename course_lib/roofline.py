@@ -18,8 +18,9 @@ Contents:
   ``kv_bytes_per_sequence``, ``step_time_bound``, ``smallest_compute_bound_batch``
   (``course_lib.speculative`` builds the speculative-decoding bounds on ``step_time_bound``);
 - arithmetic intensity: ``gemv_intensity``, ``gemm_intensity``, ``decode_attention_intensity``;
-- measurement: ``measure_matmul`` (W (d x d) @ X (d x B) on this machine) and
-  ``estimate_roof`` (bandwidth from B = 1, peak from the largest B, ridge).
+- measurement: ``measure_matmul`` (W (d x d) @ X (d x B) on this machine),
+  ``measure_gemv_bandwidth`` (x @ W streamed over more bytes than the caches hold) and
+  ``estimate_roof`` (bandwidth from that stream, or from B = 1 without it; peak from the largest B; ridge).
 
 Where a function's learner twin exists (``prefill_time``, ``decode_step_bound``,
 ``requests_that_fit`` in the Lab 1 notebook), both take the same arguments and return the same
@@ -33,6 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from numbers import Integral
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -40,6 +42,9 @@ from .hardware import REFERENCE_DEVICES, Device, get_device
 from .models.config import ModelConfig
 from .validation import (instance, nonnegative_integer, nonnegative_number, number, positive_integer,
                          positive_number)
+
+if TYPE_CHECKING:
+    from .timing import Timing
 
 __all__ = [
     "CASE_WEIGHT_BYTES", "FORMAT_BITS", "step_time", "StepBound", "case_model", "n_matmul", "kv_bytes_per_token",
@@ -520,16 +525,16 @@ def measure_matmul(d: int = 4096, batches=DEFAULT_BATCHES, warmup: int = 2, repe
 
 @dataclass(frozen=True)
 class GemvBandwidth:
-    """What ``measure_gemv_bandwidth`` measured: ``bandwidth`` in bytes/s (the matrices' bytes over the
-    median time of one pass), ``bytes`` streamed per pass, the matrix width ``d``, ``matrices`` per pass,
-    ``threads`` and the ``course_lib.timing.Timing`` of a pass."""
+    """What ``measure_gemv_bandwidth`` measured: ``bandwidth`` in bytes/s (the bytes of one pass over the
+    median time of a pass), ``streamed_bytes`` per pass, the matrix height ``d``, ``matrices`` per pass,
+    ``threads`` and the ``course_lib.timing.Timing`` of a pass (seconds)."""
 
     bandwidth: float
-    bytes: int
+    streamed_bytes: int
     d: int
     matrices: int
     threads: int
-    timing: object
+    timing: "Timing"
 
     def floor_s(self, weight_bytes: float) -> float:
         """The weight-streaming floor of a decode step: ``weight_bytes`` / ``bandwidth``, in seconds.
@@ -539,25 +544,27 @@ class GemvBandwidth:
 
 def measure_gemv_bandwidth(total_bytes: float = 538e6, d: int = 4096, warmup: int = 2, repeats: int = 9,
                            seed: int = 0) -> GemvBandwidth:
-    """The bandwidth a large float32 matrix-vector product reaches on this CPU, over more bytes than any
-    cache holds: the floor that a decode step, which streams every weight once, is measured against
-    (``docs/decoder_performance.md``; Lab 1 section 9 and ``python -m course_lib.models.bench``).
+    """The bandwidth a large float32 matrix-vector product reaches on this CPU, over more bytes than a
+    typical last-level cache holds: the floor that a decode step, which streams every weight once, is
+    measured against (``docs/decoder_performance.md#the-floor``; Lab 1 section 9, Lab 6's batch sweep and
+    ``python -m course_lib.models.bench``).
 
-    One pass computes ``x @ W_i`` for ceil(total_bytes / (4 d^2)) matrices ``W_i`` of d x d float32,
-    each stored (in, out) row-major (the fast layout of a matrix-vector product in the BLAS; see
-    ``course_lib.models.decoder.streaming_layout``), one after another; the matrices together are at
-    least ``total_bytes``, so a pass cannot be served from the last-level cache when ``total_bytes``
-    exceeds it (give the model's weight bytes: the same bytes a decode step streams). A single matrix
-    of 64 MiB fits in some servers' caches, and then measures the cache, not memory. Timing:
-    ``course_lib.timing.measure`` (warm-up passes, then the median of ``repeats``).
+    One pass computes ``x @ W_i`` (x of 1 x d) for float32 matrices ``W_i`` of d rows, one after another:
+    d x d ones, then one narrower matrix for the rest, so that a pass streams ``total_bytes`` rounded up
+    to a whole column. Give the model's weight bytes: the same bytes a decode step streams, too many for
+    the cache when they exceed it (one 64 MiB matrix read again and again fits some servers' caches, and
+    then measures the cache, not memory). Runs on the CPU. Timing: ``course_lib.timing.measure``
+    (``warmup`` passes, then the median of ``repeats``).
 
     Args:
-        total_bytes: bytes to stream per pass (> 0; default: about SmolLM2-135M's float32 weights).
-        d: matrix width (int > 0). warmup: int >= 0. repeats: int >= 1. seed: for the random matrices.
+        total_bytes: bytes to stream per pass (a number > 0; default: about SmolLM2-135M's float32 weights).
+        d: rows of each matrix (int > 0). warmup: int >= 0. repeats: int >= 1. seed: for the random matrices.
 
     Returns: a ``GemvBandwidth``.
 
-    Raises: ValueError for a non-positive total_bytes or d, warmup < 0 or repeats < 1.
+    Raises:
+        ArgumentTypeError: a total_bytes that is not a number, or d, warmup, repeats that are not ints.
+        ValueError: total_bytes <= 0, d < 1, warmup < 0 or repeats < 1.
     """
     import torch
 
@@ -565,9 +572,10 @@ def measure_gemv_bandwidth(total_bytes: float = 538e6, d: int = 4096, warmup: in
 
     total_bytes = positive_number("total_bytes", total_bytes)
     d = positive_integer("d", d)
-    count = max(1, math.ceil(total_bytes / (4 * d * d)))
+    columns = math.ceil(total_bytes / (4 * d))                       # float32 columns of d rows in all
+    widths = [d] * (columns // d) + ([columns % d] if columns % d else [])
     gen = torch.Generator().manual_seed(seed)
-    matrices = [torch.randn(d, d, generator=gen) for _ in range(count)]      # each (in, out), contiguous
+    matrices = [torch.randn(d, w, generator=gen) for w in widths]      # each (in, out), contiguous
     x = torch.randn(1, d, generator=gen)
 
     def one_pass() -> None:
@@ -575,15 +583,16 @@ def measure_gemv_bandwidth(total_bytes: float = 538e6, d: int = 4096, warmup: in
             torch.mm(x, w)
 
     timing = measure(one_pass, "cpu", warmup=warmup, repeats=repeats)
-    nbytes = 4 * d * d * count
-    return GemvBandwidth(nbytes / timing.median_s, nbytes, d, count, torch.get_num_threads(), timing)
+    nbytes = 4 * d * columns
+    return GemvBandwidth(nbytes / timing.median_s, nbytes, d, len(matrices), torch.get_num_threads(), timing)
 
 
 @dataclass(frozen=True)
 class MeasuredRoof:
-    """A machine's roof estimated from ``measure_matmul``: ``bandwidth`` (bytes/s, from the
-    smallest B), ``peak_flops`` (FLOP/s, from the largest B) and ``ridge_point`` (FLOP/byte).
-    These are *estimates*: the B = 1 point also does some arithmetic and the largest B may not
+    """A machine's roof estimated by ``estimate_roof``: ``bandwidth`` (bytes/s, from
+    ``measure_gemv_bandwidth``, or the smallest B of ``measure_matmul``), ``peak_flops`` (FLOP/s, from
+    the largest B) and ``ridge_point`` (FLOP/byte).
+    These are *estimates*: the bandwidth comes from one kernel's streaming and the largest B may not
     saturate the cores, so the true roof is at least this high."""
 
     bandwidth: float

@@ -30,9 +30,10 @@ def test_measure_refuses_bad_counts(kwargs, error):
 
 def test_gemv_bandwidth_streams_at_least_the_bytes_asked_for():
     got = roofline.measure_gemv_bandwidth(total_bytes=3 * 4 * 256 * 256 + 1, d=256, warmup=0, repeats=2)
-    assert got.matrices == 4 and got.bytes == 4 * 4 * 256 * 256 and got.d == 256
-    assert got.bandwidth == pytest.approx(got.bytes / got.timing.median_s)
-    assert got.floor_s(2 * got.bytes) == pytest.approx(2 * got.timing.median_s)
+    assert got.matrices == 4 and got.d == 256                 # three of 256 x 256, then one column more
+    assert got.streamed_bytes == 4 * 256 * (3 * 256 + 1)
+    assert got.bandwidth == pytest.approx(got.streamed_bytes / got.timing.median_s)
+    assert got.floor_s(2 * got.streamed_bytes) == pytest.approx(2 * got.timing.median_s)
     with pytest.raises(ValueError):
         roofline.measure_gemv_bandwidth(total_bytes=0)
     with pytest.raises(ValueError):
@@ -75,6 +76,14 @@ def test_attend_without_copies_equals_attention_over_repeated_heads(T, start, ma
     assert torch.allclose(got, naive, atol=1e-5)
 
 
+def test_attend_with_cache_refuses_kv_heads_that_do_not_divide_query_heads():
+    from course_lib.models import attend_with_cache
+
+    q, k = torch.zeros(1, 5, 1, 4), torch.zeros(1, 2, 1, 4)
+    with pytest.raises(ValueError, match="must divide"):
+        attend_with_cache(q, k, k, torch.zeros(1, 2, 4, 4), torch.zeros(1, 2, 4, 4), 0)
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_weight_bytes_counts_a_tied_head_once(tied):
     model = toy_decoder(tie_embeddings=tied)
@@ -86,10 +95,12 @@ def test_weight_bytes_counts_a_tied_head_once(tied):
 def test_benchmark_rows_on_the_toy_model():
     model = toy_decoder()
     table, facts = bench.benchmark(model, None, context=16, batches=(1, 2), prefill_tokens=32, warmup=0, repeats=2)
-    assert list(table.columns) == ["measurement", "median (ms)", "min-max (ms)", "x floor"]
-    assert list(table.measurement) == ["floor: weights / large-GEMV bandwidth", "matrix-vector products alone (B=1)",
+    assert list(table.columns) == ["measurement", "median (ms)", "min-max (ms)", "calls", "x B=1 floor"]
+    assert list(table.measurement) == [bench.FLOOR_ROW, "matrix-vector products alone (B=1)",
                                        "ours: decode step B=1", "ours: decode step B=2", "ours: prefill 32 tokens"]
-    assert table["x floor"].iloc[0] == 1.0 and (table["median (ms)"] > 0).all()
+    ratio = table["x B=1 floor"]
+    assert ratio.iloc[0] == 1.0 and ratio.iloc[:-1].notna().all() and ratio.isna().iloc[-1]   # no ratio for prefill
+    assert (table["median (ms)"] > 0).all() and list(table.calls[2:4]) == ["0+2", "0+2"]
     assert facts["weight_bytes"] == bench.weight_bytes(model) and facts["threads"] == torch.get_num_threads()
     assert facts["floor_ms"] == pytest.approx(table["median (ms)"].iloc[0])
 
@@ -108,7 +119,7 @@ def test_batch_argument_parser():
     import argparse
 
     assert bench.parse_batches("1,8,16") == (1, 8, 16)
-    for bad in ("", "1,x", "0,2"):
+    for bad in ("", "1,x", "0,2", "1,1"):
         with pytest.raises(argparse.ArgumentTypeError):
             bench.parse_batches(bad)
 
@@ -117,6 +128,6 @@ def test_batch_argument_parser():
 def test_bench_runs_on_the_real_model_beside_transformers(capsys):
     assert bench.main(["--quick"]) == 0
     out = capsys.readouterr().out
-    for line in ("floor: weights / large-GEMV bandwidth", "ours: decode step B=1", "transformers: decode step B=1",
-                 "ours: prefill 128 tokens", "transformers / ours at B=1"):
+    for line in (bench.FLOOR_ROW, "ours: decode step B=1", "transformers: decode step B=1",
+                 "ours: prefill 128 tokens", "at B=1 ours is"):
         assert line in out

@@ -19,16 +19,18 @@ after another in the same process and with the same threads:
   context, batch 1), when transformers is installed;
 - **prefill** of ``--prefill`` tokens (batch 1, logits of the last position) for both.
 
-Each line is ``course_lib.timing.measure``: warm-up calls, then the median of ``repeats``, with the
-fastest and slowest call; ``--rounds N`` repeats the whole measurement N times and prints each round
+Each line is ``course_lib.timing.measure``: warm-up calls, then the median of the timed calls (decode
+rows: ``--warmup`` and ``--repeats``; prefill and the floor's stream: fewer, see ``benchmark`` and the
+``calls`` column), with the fastest and slowest call; ``--rounds N`` repeats the whole measurement N times and prints each round
 (the spread between rounds is the noise of this machine). Ratios are to the floor of the same
-round. All figures are measurements of this machine; the last line prints the load average, since
+round (decode rows only: prefill is compute-bound). All figures are measurements of this machine; the last line prints the load average, since
 other processes competing for the cores make them unreliable. Numbers and method:
 ``docs/decoder_performance.md``.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import dataclass
 
@@ -153,28 +155,42 @@ def _cache_argument() -> str:
 class Row:
     what: str
     timing: Timing
-    floor_s: float
+    floor_s: float | None        # None: a row the weight floor says nothing about (prefill)
 
     def record(self) -> dict:
         t = self.timing
         return {"measurement": self.what, "median (ms)": t.median_s * 1e3, "min-max (ms)": t.spread(),
-                "x floor": t.median_s / self.floor_s}
+                "calls": f"{t.warmup}+{t.repeats}",
+                "x B=1 floor": math.nan if self.floor_s is None else t.median_s / self.floor_s}
+
+
+FLOOR_ROW = "floor: weights / streaming bandwidth"
 
 
 def benchmark(model: Decoder, peer=None, *, context: int = 128, batches=(1, 8, 16), prefill_tokens: int = 512,
               warmup: int = 3, repeats: int = 15) -> tuple[pd.DataFrame, dict]:
     """One round of every measurement (module docstring), in a fixed order on this process's threads.
+    CPU only: the floor is measured on the CPU, so ``model`` (and ``peer``) must be on the CPU.
+
+    Decode rows take ``warmup`` untimed and ``repeats`` timed calls; prefill rows, which take seconds,
+    1 and max(3, repeats // 3); the stream of the floor 2 and max(5, repeats // 2) (the ``calls`` column).
 
     Returns:
-        (table, facts): a DataFrame with columns ``measurement, median (ms), min-max (ms), x floor``
-        (one row per measurement; ``x floor`` is the median over the floor of this round) and a dict
-        with ``bandwidth_gb_s``, ``floor_ms``, ``weight_bytes``, ``matrices`` and ``threads``.
+        (table, facts): a DataFrame with columns ``measurement, median (ms), min-max (ms), calls,
+        x B=1 floor`` (one row per measurement; ``x B=1 floor`` is the median over the batch-1 weight floor
+        of this round, which leaves out the KV bytes of larger batches; NaN for prefill, which is
+        compute-bound) and a dict with ``bandwidth_gb_s``, ``floor_ms``, ``weight_bytes``,
+        ``streamed_bytes``, ``matrices`` and ``threads``.
 
-    Raises: as ``decode_step`` and ``course_lib.timing.measure``."""
+    Raises: ValueError for a model not on the CPU; as ``decode_step`` and ``course_lib.timing.measure``."""
+    if model.embed_tokens.weight.device.type != "cpu":
+        raise ValueError(f"benchmark measures the floor on the CPU; the model is on {model.embed_tokens.weight.device}")
     nbytes = weight_bytes(model)
     gemv = measure_gemv_bandwidth(nbytes, warmup=2, repeats=max(5, repeats // 2))
     floor_s = gemv.floor_s(nbytes)
-    rows = [Row("floor: weights / large-GEMV bandwidth", Timing(floor_s, floor_s, floor_s, 1, 0), floor_s),
+    scale = nbytes / gemv.streamed_bytes                 # the stream's times, for the model's bytes
+    t = gemv.timing
+    rows = [Row(FLOOR_ROW, Timing(floor_s, t.min_s * scale, t.max_s * scale, t.repeats, t.warmup), floor_s),
             Row("matrix-vector products alone (B=1)", projections_alone(model, warmup, repeats), floor_s)]
     for b in batches:
         rows.append(Row(f"ours: decode step B={b}", decode_step(model, b, context, warmup, repeats), floor_s))
@@ -182,12 +198,13 @@ def benchmark(model: Decoder, peer=None, *, context: int = 128, batches=(1, 8, 1
         rows.append(Row("transformers: decode step B=1",
                         peer_decode_step(peer, model.config.vocab_size, context, warmup, repeats), floor_s))
     if prefill_tokens:
-        rows.append(Row(f"ours: prefill {prefill_tokens} tokens", prefill(model, prefill_tokens), floor_s))
+        few = max(3, repeats // 3)
+        rows.append(Row(f"ours: prefill {prefill_tokens} tokens", prefill(model, prefill_tokens, 1, few), None))
         if peer is not None:
             rows.append(Row(f"transformers: prefill {prefill_tokens} tokens",
-                            peer_prefill(peer, model.config.vocab_size, prefill_tokens), floor_s))
+                            peer_prefill(peer, model.config.vocab_size, prefill_tokens, 1, few), None))
     facts = {"bandwidth_gb_s": gemv.bandwidth / 1e9, "floor_ms": floor_s * 1e3, "weight_bytes": nbytes,
-             "matrices": gemv.matrices, "threads": torch.get_num_threads()}
+             "streamed_bytes": gemv.streamed_bytes, "matrices": gemv.matrices, "threads": torch.get_num_threads()}
     return pd.DataFrame([r.record() for r in rows]), facts
 
 
@@ -197,6 +214,8 @@ def parse_batches(text: str) -> tuple[int, ...]:
         values = tuple(int(v) for v in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,8,16, got {text!r}")
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"batch sizes must differ from each other, got {text!r}")
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"batch sizes must be >= 1, got {text!r}")
     return values
@@ -224,15 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=_count(0), default=3, help="untimed calls before each measurement")
     parser.add_argument("--rounds", type=_count(1), default=1, help="repeat the whole measurement this many times")
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers' rows")
-    parser.add_argument("--quick", action="store_true", help="batch 1 only, 5 repeats, prefill 128")
+    parser.add_argument("--quick", action="store_true", help="batch 1 only, 5 repeats, prefill of at most 128 tokens (overrides --batches and --repeats)")
     args = parser.parse_args(argv)
     if args.quick:
         args.batches, args.repeats, args.prefill = (1,), 5, min(args.prefill, 128)
 
     from ..data import load_smollm2, resolve_model
 
-    model, _, provenance = load_smollm2()
-    print(provenance)
+    model, _, _ = load_smollm2()                    # prints the artifact's provenance line
     longest = model.config.max_seq_len
     if args.context >= longest or args.prefill > longest:
         parser.error(f"--context must be < {longest} and --prefill <= {longest} (the model's max_seq_len)")
@@ -243,17 +261,19 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError as exc:
             print(f"transformers rows skipped: {exc}")
     print(f"SmolLM2-135M float32, {torch.get_num_threads()} threads, cpu; decode at context {args.context}; "
-          f"median of {args.repeats} after {args.warmup} warm-up calls; times are measurements of this machine")
+          f"each row: the median of its timed calls after its warm-up calls (column calls); times are "
+          f"measurements of this machine")
     for round_ in range(1, args.rounds + 1):
         table, facts = benchmark(model, peer, context=args.context, batches=args.batches,
                                  prefill_tokens=args.prefill, warmup=args.warmup, repeats=args.repeats)
-        print(f"\nround {round_}: {facts['weight_bytes'] / 1e6:.1f} MB of weights; large-GEMV bandwidth "
-              f"{facts['bandwidth_gb_s']:.1f} GB/s ({facts['matrices']} float32 matrices of 4096 x 4096 per pass) "
-              f"-> floor {facts['floor_ms']:.2f} ms per decode step")
-        print(table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        print(f"\nround {round_}: {facts['weight_bytes'] / 1e6:.1f} MB of weights; streaming bandwidth "
+              f"{facts['bandwidth_gb_s']:.1f} GB/s (x @ W over {facts['streamed_bytes'] / 1e6:.1f} MB in "
+              f"{facts['matrices']} float32 matrices of 4096 rows) -> floor {facts['floor_ms']:.2f} ms per decode step")
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.2f}", na_rep="-"))
         ours = table.set_index("measurement")["median (ms)"]
         if peer is not None and "ours: decode step B=1" in ours:
-            print(f"transformers / ours at B=1: {ours['transformers: decode step B=1'] / ours['ours: decode step B=1']:.2f}")
+            ratio = ours["transformers: decode step B=1"] / ours["ours: decode step B=1"]
+            print(f"at B=1 ours is {ratio:.2f}x as fast as transformers (transformers' median step / ours)")
     print("\n" + load_note())
     return 0
 

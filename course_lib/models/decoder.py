@@ -309,7 +309,8 @@ class Decoder(nn.Module):
                 head width, dtype and device; batch B); when given, the new keys/values go to
                 slots cache.length .. cache.length+T-1, attention reads every filled slot, and
                 cache.length advances by T. Without it, a plain causal forward.
-            attention_fn: replaces ``attend_with_cache`` (same signature) for cached
+            attention_fn: replaces the default cached attention (``attention.attend_cached``, the
+                unchecked core of ``attend_with_cache``; same signature) for cached
                 forwards; Lab 2 plugs the learner's attention step in here.
             last_only: (bool) compute logits for the last position only (B, 1, vocab): what
                 generation needs; skips the output head's work on the other T - 1 positions.
