@@ -25,6 +25,7 @@ from typing import Sequence
 import torch
 
 from .grading.contracts import first_divergence, top2_gap
+from .models.bench import weight_bytes
 from .models.decoder import Decoder, left_pad, positions_from_mask
 from .roofline import MeasuredRoof, kv_bytes_per_sequence, step_time_bound
 from .timing import timed
@@ -152,7 +153,7 @@ def batch_sweep(model: Decoder, prompts: Sequence[torch.Tensor], roof: MeasuredR
     c = model.config
     weight = model.embed_tokens.weight
     n_params = sum(p.numel() for p in model.parameters())
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    streamed = weight_bytes(model)
     bar = batches
     if progress:
         from tqdm.auto import tqdm
@@ -164,7 +165,7 @@ def batch_sweep(model: Decoder, prompts: Sequence[torch.Tensor], roof: MeasuredR
         prefill_s, steps = _median_step(model, batch, new_tokens)
         step = statistics.median(steps)
         context = max(len(p) for p in batch) + new_tokens // 2
-        bound = step_time_bound(weight_bytes=weight_bytes, n_params=n_params, batch=B, bandwidth=roof.bandwidth,
+        bound = step_time_bound(weight_bytes=streamed, n_params=n_params, batch=B, bandwidth=roof.bandwidth,
                                 peak_flops=roof.peak_flops, kv_bytes_per_sequence=kv_bytes_per_sequence(
                                     n_layers=c.n_layers, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
                                     context=context, bytes_per_value=weight.element_size()))
@@ -233,7 +234,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     import pandas as pd
 
     from .data import load_smollm2
-    from .models.bench import weight_bytes
     from .roofline import estimate_roof, measure_gemv_bandwidth, measure_matmul
 
     model, tokenizer, _ = load_smollm2()

@@ -51,8 +51,8 @@ __all__ = [
     "serving_file_bytes", "default_weight_bytes", "requests_that_fit", "prefill_flops", "prefill_time",
     "decode_step_flops", "decode_step", "decode_step_bound", "capacity_table", "weight_bytes_for_format",
     "kv_bytes_per_sequence", "step_time_bound", "smallest_compute_bound_batch", "gemv_intensity",
-    "gemm_intensity", "decode_attention_intensity", "DEFAULT_BATCHES", "measure_matmul", "MeasuredRoof", "GemvBandwidth", "measure_gemv_bandwidth",
-    "estimate_roof",
+    "gemm_intensity", "decode_attention_intensity", "DEFAULT_BATCHES", "measure_matmul", "MeasuredRoof",
+    "GemvBandwidth", "measure_gemv_bandwidth", "estimate_roof",
 ]
 
 #: Weight-file bytes of the case model used in every bound (docs/roofline.md#serving-file).

@@ -25,15 +25,11 @@ def reference():
     """(our Decoder, transformers' LlamaForCausalLM on the same float32 weights, tokenizer,
     provenance, manifest)."""
     os.environ["HF_HUB_OFFLINE"] = "1"  # never reach a hub from the tests
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from course_lib.data import load_manifest, load_smollm2, resolve_model
+    from course_lib.models.bench import peer_model
 
-    resolved = resolve_model("smollm2-135m")
     ours, tokenizer, prov = load_smollm2("smollm2-135m")
-    peer = LlamaForCausalLM(LlamaConfig.from_dict(resolved.hf_config))
-    missing, unexpected = peer.load_state_dict(resolved.load_state_dict(), strict=False)
-    assert set(missing) <= {"lm_head.weight"} and not unexpected
+    peer = peer_model(resolve_model("smollm2-135m"))   # raises unless every weight but the tied head loads
     assert peer.lm_head.weight.data_ptr() == peer.model.embed_tokens.weight.data_ptr()  # tied
     return ours.eval(), peer.eval(), tokenizer, prov, load_manifest("smollm2-135m")
 

@@ -175,13 +175,10 @@ def attend_with_cache(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
         raise ValueError(f"k_cache and v_cache must both be (B={B}, Hkv={Hkv}, S_max, D={D}) like k_new "
                          f"{tuple(k_new.shape)} and q {tuple(q.shape)}, got {tuple(k_cache.shape)} and "
                          f"{tuple(v_cache.shape)}")
-    if Hq % Hkv:
-        raise ValueError(f"KV heads ({Hkv}) must divide query heads ({Hq})")
     if start + T > k_cache.shape[-2]:
         raise ValueError(f"slots {start}..{start + T - 1} do not fit a cache of {k_cache.shape[-2]}")
-    key_mask = check_key_mask(key_mask, B, start + T)
     keys, values = write_then_keys(k_new, v_new, k_cache, v_cache, start)
-    return attend(q, keys, values, start, key_mask)
+    return causal_attention(q, keys, values, start, key_mask=key_mask)
 
 
 def write_then_keys(k_new, v_new, k_cache, v_cache, start):

@@ -21,10 +21,11 @@ after another in the same process and with the same threads:
 
 Each line is ``course_lib.timing.measure``: warm-up calls, then the median of the timed calls (decode
 rows: ``--warmup`` and ``--repeats``; prefill and the floor's stream: fewer, see ``benchmark`` and the
-``calls`` column), with the fastest and slowest call; ``--rounds N`` repeats the whole measurement N times and prints each round
-(the spread between rounds is the noise of this machine). Ratios are to the floor of the same
-round (decode rows only: prefill is compute-bound). All figures are measurements of this machine; the last line prints the load average, since
-other processes competing for the cores make them unreliable. Numbers and method:
+``calls`` column), with the fastest and slowest call; ``--rounds N`` repeats the whole measurement N
+times and prints each round (the spread between rounds is the noise of this machine). Ratios are to
+the floor of the same round (decode rows only: prefill is compute-bound). All figures are
+measurements of this machine; the last line prints the load average, since other processes
+competing for the cores make them unreliable. Numbers and method:
 ``docs/decoder_performance.md``.
 """
 from __future__ import annotations
@@ -123,9 +124,9 @@ def peer_decode_step(peer, vocab_size: int, context: int = 128, warmup: int = 3,
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab_size, (1, context), generator=gen)
     out = peer(ids, use_cache=True)
-    cache = out.cache if hasattr(out, "cache") else out.past_key_values        # renamed in transformers 5
+    cache_arg = "cache" if hasattr(out, "cache") else "past_key_values"      # renamed in transformers 5
+    cache = getattr(out, cache_arg)
     token = torch.randint(0, vocab_size, (1, 1), generator=gen)
-    cache_arg = _cache_argument()
 
     def step() -> None:
         peer(token, **{cache_arg: cache}, use_cache=True, logits_to_keep=1)
@@ -139,16 +140,6 @@ def peer_prefill(peer, vocab_size: int, tokens: int = 512, warmup: int = 1, repe
     """transformers' prefill of ``tokens`` random tokens, batch 1, no cache, logits of the last position."""
     ids = torch.randint(0, vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
     return measure(lambda: peer(ids, use_cache=False, logits_to_keep=1), "cpu", warmup, repeats)
-
-
-def _cache_argument() -> str:
-    """The name of the cache argument of transformers' forward: ``cache`` from 5.x, ``past_key_values`` before."""
-    try:
-        from transformers.modeling_outputs import CausalLMOutputWithPast
-    except ImportError:
-        return "past_key_values"
-    return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
-
 
 
 @dataclass(frozen=True)
