@@ -2,6 +2,12 @@
 
 Modules: ``gemv`` (y = W x, Lab 1), ``bench_gemv`` (``python -m course_lib.kernels.bench_gemv``).
 ``w4a16`` (y = x W_hat^T with packed int4 weights, Lab 4), ``bench_w4a16`` (``python -m course_lib.kernels.bench_w4a16``).
+``paged_attention`` (decode attention over a paged KV cache, the serving engine), ``bench_paged_attention``
+(``python -m course_lib.kernels.bench_paged_attention``).
+``batch_invariant`` (batch-invariant operations in PyTorch and Triton, Lab 6), ``bench_batch_invariant``
+(``python -m course_lib.kernels.bench_batch_invariant``).
+``bench`` (``python -m course_lib.kernels.bench``): one table for all four Triton kernels, each beside the
+PyTorch operation it replaces (``docs/kernels.md``).
 
 How a kernel runs depends on :func:`triton_mode`:
 

@@ -101,6 +101,65 @@ def _interpret_check_in_child() -> int:
     return proc.returncode
 
 
+def measure_batch_invariant(shapes, ms=(1, 8, 16), *, dtype: torch.dtype = torch.bfloat16, warmup: int = 10,
+                            repeats: int = 100, device: str = "cuda", timer=None):
+    """Time the batch-invariant ``matmul(x, w)`` and ``torch.matmul(x, w.T)`` for each weight shape (N, K)
+    and row count M, after checking the kernel against ``reference_matmul`` and both for batch invariance.
+
+    Args:
+        shapes: (N, K) pairs (out_features x in_features); ms: row counts M.
+        dtype: torch.bfloat16 or torch.float32 inputs.
+        warmup, repeats: passed to ``bench_gemv.median_ms``.
+        device: where the tensors live ("cuda" for a measurement).
+        timer: ``timer(fn) -> milliseconds``; default ``median_ms(fn, warmup, repeats)`` (CUDA events).
+            Tests pass a stand-in to check the plumbing on a CPU; its numbers are not measurements.
+
+    Yields:
+        One dict per row with keys kernel ("batch_invariant_matmul"), impl ("triton" or "cublas"), shape
+        ("NxK"), N, K, M, dtype (name), ms, flops (2*M*N*K), bytes (the module docstring's formula), err
+        (the kernel's max relative error against ``reference_matmul``), invariant (the last row of the
+        M-row product bitwise equal to that row alone), ratio (t_triton / t_cublas, on the triton row)
+        and note: None for a timed row; for a kernel that disagrees with the reference, one row with
+        the reason in note and ms None (not timed).
+    """
+    from .batch_invariant import triton_ops as t
+    from .bench_gemv import median_ms
+
+    if timer is None:
+        def timer(fn):
+            return median_ms(fn, warmup, repeats)
+    b = torch.tensor([], dtype=dtype).element_size()
+    name = str(dtype).removeprefix("torch.")
+    for N, K in shapes:
+        gen = torch.Generator(device=device).manual_seed(0)
+        w = torch.randn(N, K, device=device, generator=gen).to(dtype)
+        for M in ms:
+            base = dict(kernel="batch_invariant_matmul", shape=f"{N}x{K}", N=N, K=K, M=M, dtype=name)
+            x = torch.randn(M, K, device=device, generator=gen).to(dtype)
+            y = t.matmul(x, w)
+            err = _rel_err(y, t.reference_matmul(x, w))
+            tol = 1e-4 if dtype == torch.float32 else 1e-3
+            if not err <= tol:
+                yield dict(base, impl="triton", ms=None, flops=None, bytes=None, err=err, invariant=None,
+                           ratio=None, note=f"MISMATCH: max rel err vs reference {err:.1e}; not timed")
+                continue
+            invariant = {
+                "triton": torch.equal(y[-1], t.matmul(x[-1:], w)[0]),
+                "cublas": torch.equal(torch.matmul(x, w.T)[-1], torch.matmul(x[-1:], w.T)[0]),
+            }
+            impls = {
+                "triton": (lambda: t.matmul(x, w), N * K * b + M * K * b + M * N * 4),
+                "cublas": (lambda: torch.matmul(x, w.T), N * K * b + M * K * b + M * N * b),
+            }
+            times = {impl: timer(fn) for impl, (fn, _) in impls.items()}
+            for impl, (_, nbytes) in impls.items():
+                yield dict(base, impl=impl, ms=times[impl], flops=2 * M * N * K, bytes=nbytes,
+                           err=err if impl == "triton" else None, invariant=invariant[impl],
+                           ratio=times["triton"] / times["cublas"] if impl == "triton" else None, note=None)
+            del x, y
+        del w
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=DEFAULT_SHAPES,
@@ -134,13 +193,10 @@ def main(argv: list[str] | None = None) -> int:
               "tests/test_kernels_batch_invariant.py under TRITON_INTERPRET=1 (or --interpret-check).")
         return rc
 
-    from .bench_gemv import median_ms
     from .bench_w4a16 import parse_pairs, peak_bandwidth
 
     name = torch.cuda.get_device_name(0)
     peak, peak_source = peak_bandwidth(name, args.peak_gbps)
-    dtype = getattr(torch, args.dtype)
-    b = torch.tensor([], dtype=dtype).element_size()
     print(f"device: {name}; peak bandwidth (vendor bound): "
           + (f"{peak:.0f} GB/s ({peak_source})" if peak else "unknown (pass --peak-gbps)"))
     print(f"batch-invariant matmul, {args.dtype} inputs, float32 accumulation; fixed tile BLOCK_M={t.BLOCK_M}, "
@@ -151,37 +207,20 @@ def main(argv: list[str] | None = None) -> int:
               f"{'t_tri/t_cub':>11} {'invariant':>9}")
     print(header)
     print("-" * len(header))
-    for N, K in parse_pairs(args.shapes):
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        w = torch.randn(N, K, device="cuda", generator=gen).to(dtype)
-        for M in (int(m) for m in args.m.split(",")):
-            x = torch.randn(M, K, device="cuda", generator=gen).to(dtype)
-            y = t.matmul(x, w)
-            err = _rel_err(y, t.reference_matmul(x, w))
-            tol = 1e-4 if dtype == torch.float32 else 1e-3
-            if not err <= tol:
-                print(f"{f'{N}x{K}':>12} {M:>4}  MISMATCH: max rel err vs reference {err:.1e}; not timed")
-                continue
-            invariant = {
-                "triton": torch.equal(y[-1], t.matmul(x[-1:], w)[0]),
-                "cublas": torch.equal(torch.matmul(x, w.T)[-1], torch.matmul(x[-1:], w.T)[0]),
-            }
-            impls = {
-                "triton": (lambda: t.matmul(x, w), N * K * b + M * K * b + M * N * 4),
-                "cublas": (lambda: torch.matmul(x, w.T), N * K * b + M * K * b + M * N * b),
-            }
-            times = {impl: median_ms(fn, args.warmup, args.repeats) for impl, (fn, _) in impls.items()}
-            for impl, (_, nbytes) in impls.items():
-                s = times[impl] * 1e-3
-                tflops = 2 * M * N * K / s / 1e12
-                gbps = nbytes / s / 1e9
-                frac = f"{gbps / peak:8.1%}" if peak else f"{'n/a':>8}"
-                ratio = f"{times['triton'] / times['cublas']:11.2f}" if impl == "triton" else f"{'':>11}"
-                print(f"{f'{N}x{K}':>12} {M:>4} {impl:>7} {s * 1e6:9.1f} {tflops:8.3f} {gbps:8.0f} {frac} "
-                      f"{ratio} {'yes' if invariant[impl] else 'no':>9}"
-                      + (f"   (max rel err vs reference {err:.1e})" if impl == "triton" else ""))
-            del x, y
-        del w
+    rows = measure_batch_invariant(parse_pairs(args.shapes), [int(m) for m in args.m.split(",")],
+                                   dtype=getattr(torch, args.dtype), warmup=args.warmup, repeats=args.repeats)
+    for row in rows:
+        if row["note"] is not None:
+            print(f"{row['shape']:>12} {row['M']:>4}  {row['note']}")
+            continue
+        s = row["ms"] * 1e-3
+        tflops = row["flops"] / s / 1e12
+        gbps = row["bytes"] / s / 1e9
+        frac = f"{gbps / peak:8.1%}" if peak else f"{'n/a':>8}"
+        ratio = f"{row['ratio']:11.2f}" if row["impl"] == "triton" else f"{'':>11}"
+        print(f"{row['shape']:>12} {row['M']:>4} {row['impl']:>7} {s * 1e6:9.1f} {tflops:8.3f} {gbps:8.0f} {frac} "
+              f"{ratio} {'yes' if row['invariant'] else 'no':>9}"
+              + (f"   (max rel err vs reference {row['err']:.1e})" if row["impl"] == "triton" else ""))
     return rc
 
 

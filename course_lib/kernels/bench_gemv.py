@@ -70,6 +70,52 @@ def _parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
+def measure_gemv(shapes, dtypes=(torch.float32, torch.bfloat16), *, block_m: int | None = None,
+                 block_n: int | None = None, num_warps: int | None = None, warmup: int = 10, repeats: int = 50,
+                 device: str = "cuda", timer=None):
+    """Time ``gemv`` and torch's ``W @ x`` for each (M, N) in ``shapes`` and each dtype.
+
+    Args:
+        shapes: (M, N) pairs; dtypes: float32 and/or bfloat16.
+        block_m, block_n, num_warps: the kernel's launch options (the module defaults when None).
+        warmup, repeats: passed to :func:`median_ms`.
+        device: where the tensors live ("cuda" for a measurement).
+        timer: ``timer(fn) -> milliseconds``; default ``median_ms(fn, warmup, repeats)`` (CUDA events).
+            Tests pass a stand-in to check the plumbing on a CPU; its numbers are not measurements.
+
+    Yields:
+        One dict per (shape, dtype, impl) with keys kernel ("gemv"), impl ("triton" or "torch"), shape
+        ("MxN"), M, N, dtype (name), ms (median), bytes (W M*N*b + x N*b + y M*(4 for the kernel's
+        float32 output, b for torch's)) and err (the kernel's max relative error against
+        ``reference_gemv``; None on the torch row).
+    """
+    from .gemv import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, gemv, reference_gemv
+
+    block_m = block_m or DEFAULT_BLOCK_M
+    block_n = block_n or DEFAULT_BLOCK_N
+    if timer is None:
+        def timer(fn):
+            return median_ms(fn, warmup, repeats)
+    for M, N in shapes:
+        for dtype in dtypes:
+            g = torch.Generator(device=device).manual_seed(0)
+            W = torch.randn(M, N, device=device, dtype=torch.float32, generator=g).to(dtype)
+            x = torch.randn(N, device=device, dtype=torch.float32, generator=g).to(dtype)
+            y = gemv(W, x, block_m=block_m, block_n=block_n, num_warps=num_warps)
+            ref = reference_gemv(W, x)
+            err = ((y - ref).abs().max() / ref.abs().max()).item()
+            b = W.element_size()
+            impls = {
+                "triton": (lambda: gemv(W, x, block_m=block_m, block_n=block_n, num_warps=num_warps), 4),
+                "torch": (lambda: W @ x, b),  # torch returns y in the input dtype
+            }
+            for impl, (fn, y_bytes) in impls.items():
+                yield dict(kernel="gemv", impl=impl, shape=f"{M}x{N}", M=M, N=N,
+                           dtype=str(dtype).removeprefix("torch."), ms=timer(fn),
+                           bytes=M * N * b + N * b + M * y_bytes, err=err if impl == "triton" else None)
+            del W, x, y, ref
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peak-gbps", type=float, default=None,
@@ -83,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from . import triton_mode
-    from .gemv import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, gemv, reference_gemv
+    from .gemv import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 
     mode = triton_mode()
     if mode != "native":
@@ -103,27 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     header = f"{'shape':>12} {'dtype':>8} {'impl':>7} {'ms':>9} {'GB/s':>8} {'of peak':>8}"
     print(header)
     print("-" * len(header))
-    for M, N in _parse_shapes(args.shapes):
-        for dtype in (torch.float32, torch.bfloat16):
-            g = torch.Generator(device="cuda").manual_seed(0)
-            W = torch.randn(M, N, device="cuda", dtype=torch.float32, generator=g).to(dtype)
-            x = torch.randn(N, device="cuda", dtype=torch.float32, generator=g).to(dtype)
-            y = gemv(W, x, block_m=block_m, block_n=block_n, num_warps=args.num_warps)
-            err = ((y - reference_gemv(W, x)).abs().max() / reference_gemv(W, x).abs().max()).item()
-            b = W.element_size()
-            impls = {
-                "triton": (lambda: gemv(W, x, block_m=block_m, block_n=block_n, num_warps=args.num_warps), 4),
-                "torch": (lambda: W @ x, b),  # torch returns y in the input dtype
-            }
-            for impl, (fn, y_bytes) in impls.items():
-                ms = median_ms(fn, args.warmup, args.repeats)
-                nbytes = M * N * b + N * b + M * y_bytes
-                gbps = nbytes / (ms * 1e-3) / 1e9
-                frac = f"{gbps / peak:8.1%}" if peak else f"{'n/a':>8}"
-                print(f"{f'{M}x{N}':>12} {str(dtype).removeprefix('torch.'):>8} {impl:>7} "
-                      f"{ms:9.4f} {gbps:8.0f} {frac}" + (f"   (max rel err vs reference {err:.1e})"
-                                                         if impl == "triton" else ""))
-            del W, x, y
+    for row in measure_gemv(_parse_shapes(args.shapes), block_m=block_m, block_n=block_n,
+                            num_warps=args.num_warps, warmup=args.warmup, repeats=args.repeats):
+        gbps = row["bytes"] / (row["ms"] * 1e-3) / 1e9
+        frac = f"{gbps / peak:8.1%}" if peak else f"{'n/a':>8}"
+        print(f"{row['shape']:>12} {row['dtype']:>8} {row['impl']:>7} {row['ms']:9.4f} {gbps:8.0f} {frac}"
+              + (f"   (max rel err vs reference {row['err']:.1e})" if row["impl"] == "triton" else ""))
     return 0
 
 

@@ -64,6 +64,78 @@ def parse_pairs(text: str) -> list[tuple[int, int]]:
     return pairs
 
 
+def measure_w4a16(shapes, ms=(1, 16), *, group_size: int = 128, zero_point: bool = False,
+                  blocks: dict | None = None, warmup: int = 10, repeats: int = 50, device: str = "cuda",
+                  timer=None):
+    """Time ``w4a16_matmul`` and the dense float16 ``x @ W16^T`` for each weight shape (N, K) and row count M.
+
+    Args:
+        shapes: (N, K) pairs (out_features x in_features); ms: activation row counts M.
+        group_size, zero_point: the int4 format (signed codes, or unsigned ones with zero points).
+        blocks: ``w4a16_matmul``'s block_m / block_n / block_k / num_warps (the module defaults when None).
+        warmup, repeats: passed to ``bench_gemv.median_ms``.
+        device: where the tensors live ("cuda" for a measurement).
+        timer: ``timer(fn) -> milliseconds``; default ``median_ms(fn, warmup, repeats)`` (CUDA events).
+            Tests pass a stand-in to check the plumbing on a CPU; its numbers are not measurements.
+
+    Yields:
+        One dict per row with keys kernel ("w4a16"), impl ("w4a16" or "fp16"), shape ("NxK"), N, K, M,
+        dtype ("float16" activations), ms, bytes (the module docstring's formulas), err (the kernel's max
+        relative error against ``reference_w4a16``) and note: None for a timed row; for a shape whose K
+        the group size does not divide, or a kernel that disagrees with the reference (relative error
+        above 1e-4), one row with the reason in note and ms None (not timed).
+    """
+    from ..quant.packing import pack_int4
+    from .bench_gemv import median_ms
+    from .w4a16 import DEFAULT_BLOCK_K, DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, reference_w4a16, w4a16_matmul
+
+    blocks = dict(blocks or {})
+    blocks = dict(block_m=blocks.get("block_m") or DEFAULT_BLOCK_M, block_n=blocks.get("block_n") or DEFAULT_BLOCK_N,
+                  block_k=blocks.get("block_k") or DEFAULT_BLOCK_K, num_warps=blocks.get("num_warps"))
+    if timer is None:
+        def timer(fn):
+            return median_ms(fn, warmup, repeats)
+    g = group_size
+    for N, K in shapes:
+        base = dict(kernel="w4a16", shape=f"{N}x{K}", N=N, K=K, dtype="float16")
+        if K % g:
+            yield dict(base, impl="w4a16", M=None, ms=None, bytes=None, err=None,
+                       note=f"skipped: group size {g} does not divide K={K}")
+            continue
+        gen = torch.Generator(device=device).manual_seed(0)
+        if zero_point:
+            q = torch.randint(0, 16, (N, K), device=device, generator=gen)
+            zeros = torch.randint(0, 16, (N, K // g), device=device, generator=gen).to(torch.float16)
+        else:
+            q = torch.randint(-8, 8, (N, K), device=device, generator=gen)
+            zeros = None
+        scales = (torch.rand(N, K // g, device=device, generator=gen) * 0.02 + 1e-3).to(torch.float16)
+        packed = pack_int4(q, signed=zeros is None)
+        z = 0 if zeros is None else zeros.float().repeat_interleave(g, dim=1)
+        w16 = ((q.float() - z) * scales.float().repeat_interleave(g, dim=1)).to(torch.float16)
+        del q
+        meta_bytes = scales.numel() * 2 * (1 if zeros is None else 2)
+        for M in ms:
+            x = torch.randn(M, K, device=device, generator=gen).to(torch.float16)
+            y = w4a16_matmul(x, packed, scales, g, zeros, **blocks)
+            ref = reference_w4a16(x, packed, scales, g, zeros)
+            err = ((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+            if not err <= 1e-4:
+                yield dict(base, impl="w4a16", M=M, ms=None, bytes=None, err=err,
+                           note=f"MISMATCH: max rel err vs reference {err:.1e}; not timed")
+                continue
+            impls = {
+                "w4a16": (lambda: w4a16_matmul(x, packed, scales, g, zeros, **blocks),
+                          packed.numel() + meta_bytes + M * K * 2 + M * N * 4),
+                "fp16": (lambda: x @ w16.T, N * K * 2 + M * K * 2 + M * N * 2),
+            }
+            for impl, (fn, nbytes) in impls.items():
+                yield dict(base, impl=impl, M=M, ms=timer(fn), bytes=nbytes,
+                           err=err if impl == "w4a16" else None, note=None)
+            del x, y, ref
+        del packed, scales, zeros, w16
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peak-gbps", type=float, default=None,
@@ -81,10 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=50)
     args = parser.parse_args(argv)
 
-    from ..quant.packing import pack_int4
     from . import triton_mode
-    from .bench_gemv import median_ms
-    from .w4a16 import DEFAULT_BLOCK_K, DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, reference_w4a16, w4a16_matmul
+    from .w4a16 import DEFAULT_BLOCK_K, DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 
     mode = triton_mode()
     if mode != "native":
@@ -105,44 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     header = f"{'N x K':>12} {'M':>4} {'impl':>7} {'ms':>9} {'GB/s':>8} {'of peak':>8}"
     print(header)
     print("-" * len(header))
-    for N, K in parse_pairs(args.shapes):
-        if K % g:
-            print(f"{f'{N}x{K}':>12}  skipped: group size {g} does not divide K={K}")
+    rows = measure_w4a16(parse_pairs(args.shapes), [int(m) for m in args.m.split(",")], group_size=g,
+                         zero_point=args.zero_point, blocks=blocks, warmup=args.warmup, repeats=args.repeats)
+    for row in rows:
+        if row["note"] is not None:
+            m = "" if row["M"] is None else f"{row['M']:>4} "
+            print(f"{row['shape']:>12} {m} {row['note']}")
             continue
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        if args.zero_point:
-            q = torch.randint(0, 16, (N, K), device="cuda", generator=gen)
-            zeros = torch.randint(0, 16, (N, K // g), device="cuda", generator=gen).to(torch.float16)
-        else:
-            q = torch.randint(-8, 8, (N, K), device="cuda", generator=gen)
-            zeros = None
-        scales = (torch.rand(N, K // g, device="cuda", generator=gen) * 0.02 + 1e-3).to(torch.float16)
-        packed = pack_int4(q, signed=zeros is None)
-        z = 0 if zeros is None else zeros.float().repeat_interleave(g, dim=1)
-        w16 = ((q.float() - z) * scales.float().repeat_interleave(g, dim=1)).to(torch.float16)
-        del q
-        meta_bytes = scales.numel() * 2 * (1 if zeros is None else 2)
-        for M in (int(m) for m in args.m.split(",")):
-            x = torch.randn(M, K, device="cuda", generator=gen).to(torch.float16)
-            y = w4a16_matmul(x, packed, scales, g, zeros, **blocks)
-            ref = reference_w4a16(x, packed, scales, g, zeros)
-            err = ((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
-            if not err <= 1e-4:
-                print(f"{f'{N}x{K}':>12} {M:>4}  MISMATCH: max rel err vs reference {err:.1e}; not timed")
-                continue
-            impls = {
-                "w4a16": (lambda: w4a16_matmul(x, packed, scales, g, zeros, **blocks),
-                          packed.numel() + meta_bytes + M * K * 2 + M * N * 4),
-                "fp16": (lambda: x @ w16.T, N * K * 2 + M * K * 2 + M * N * 2),
-            }
-            for impl, (fn, nbytes) in impls.items():
-                ms = median_ms(fn, args.warmup, args.repeats)
-                gbps = nbytes / (ms * 1e-3) / 1e9
-                frac = f"{gbps / peak:8.1%}" if peak else f"{'n/a':>8}"
-                print(f"{f'{N}x{K}':>12} {M:>4} {impl:>7} {ms:9.4f} {gbps:8.0f} {frac}"
-                      + (f"   (max rel err vs reference {err:.1e})" if impl == "w4a16" else ""))
-            del x, y, ref
-        del packed, scales, zeros, w16
+        gbps = row["bytes"] / (row["ms"] * 1e-3) / 1e9
+        frac = f"{gbps / peak:8.1%}" if peak else f"{'n/a':>8}"
+        print(f"{row['shape']:>12} {row['M']:>4} {row['impl']:>7} {row['ms']:9.4f} {gbps:8.0f} {frac}"
+              + (f"   (max rel err vs reference {row['err']:.1e})" if row["impl"] == "w4a16" else ""))
     return 0
 
 

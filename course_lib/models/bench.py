@@ -212,7 +212,7 @@ def parse_batches(text: str) -> tuple[int, ...]:
     return values
 
 
-def _count(minimum: int):
+def count_argument(minimum: int):
     """An argparse type: an int >= minimum."""
     def parse(text: str) -> int:
         try:
@@ -227,12 +227,12 @@ def _count(minimum: int):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.models.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--context", type=_count(1), default=128, help="cached positions of the decode steps")
+    parser.add_argument("--context", type=count_argument(1), default=128, help="cached positions of the decode steps")
     parser.add_argument("--batches", type=parse_batches, default=(1, 8, 16), help="decode batch sizes, e.g. 1,8,16")
-    parser.add_argument("--prefill", type=_count(0), default=512, help="prefill length in tokens (0: skip)")
-    parser.add_argument("--repeats", type=_count(1), default=15, help="timed calls per measurement (median)")
-    parser.add_argument("--warmup", type=_count(0), default=3, help="untimed calls before each measurement")
-    parser.add_argument("--rounds", type=_count(1), default=1, help="repeat the whole measurement this many times")
+    parser.add_argument("--prefill", type=count_argument(0), default=512, help="prefill length in tokens (0: skip)")
+    parser.add_argument("--repeats", type=count_argument(1), default=15, help="timed calls per measurement (median)")
+    parser.add_argument("--warmup", type=count_argument(0), default=3, help="untimed calls before each measurement")
+    parser.add_argument("--rounds", type=count_argument(1), default=1, help="repeat the whole measurement this many times")
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers' rows")
     parser.add_argument("--quick", action="store_true", help="batch 1 only, 5 repeats, prefill of at most 128 tokens (overrides --batches and --repeats)")
     args = parser.parse_args(argv)

@@ -62,20 +62,34 @@ class Block(nn.Module):
         self.up_proj = nn.Linear(c.d_model, c.d_ff, bias=False)
         self.down_proj = nn.Linear(c.d_ff, c.d_model, bias=False)
 
+    def qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], invariant: bool = False):
+        """The attention inputs of x (B, T, d_model): (q (B, Hq, T, D), k (B, Hkv, T, D), v (B, Hkv, T, D)),
+        q and k rotated. The first half of ``forward``; a serving engine (``course_lib.engine``) calls it,
+        then its own attention over a paged cache, then ``finish``."""
+        c = self.c
+        B, T, _ = x.shape
+        h = self.input_layernorm(x, invariant)
+        q = _linear(self.q_proj, h, invariant).view(B, T, c.n_heads, c.head_dim).transpose(1, 2)
+        k = _linear(self.k_proj, h, invariant).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
+        v = _linear(self.v_proj, h, invariant).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
+        q, k = rotate_pairs(torch.cat([q, k], 1), *rope).split([c.n_heads, c.n_kv_heads], 1)   # one rotation
+        return q, k, v
+
+    def finish(self, x: torch.Tensor, attn: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+        """The block's output from its input x (B, T, d_model) and the attention output attn (B, Hq, T, D):
+        output projection and residual, then RMSNorm, SwiGLU and residual. The second half of ``forward``."""
+        c = self.c
+        B, T, _ = x.shape
+        x = x + _linear(self.o_proj, attn.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim), invariant)
+        h = self.post_attention_layernorm(x, invariant)
+        silu = invariant_ops.silu if invariant else nn.functional.silu
+        gate = silu(_linear(self.gate_proj, h, invariant)).to(h.dtype)
+        return x + _linear(self.down_proj, gate * _linear(self.up_proj, h, invariant), invariant)
+
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv: tuple[torch.Tensor, torch.Tensor] | None,
                 start: int, attention_fn: AttentionFn, key_mask: torch.Tensor | None = None,
                 invariant: bool = False) -> torch.Tensor:
-        c = self.c
-        B, T, _ = x.shape
-
-        def linear(layer: nn.Linear, h: torch.Tensor) -> torch.Tensor:
-            return invariant_ops.linear(h, layer.weight).to(h.dtype) if invariant else layer(h)
-
-        h = self.input_layernorm(x, invariant)
-        q = linear(self.q_proj, h).view(B, T, c.n_heads, c.head_dim).transpose(1, 2)
-        k = linear(self.k_proj, h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
-        v = linear(self.v_proj, h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
-        q, k = rotate_pairs(torch.cat([q, k], 1), *rope).split([c.n_heads, c.n_kv_heads], 1)   # one rotation
+        q, k, v = self.qkv(x, rope, invariant)
         if invariant:
             keys, values = (k, v) if kv is None else write_then_keys(k, v, kv[0], kv[1], start)
             attn = batch_invariant_attention(q, keys, values, start, key_mask=key_mask)
@@ -85,10 +99,12 @@ class Block(nn.Module):
             attn = attention_fn(q, k, v, kv[0], kv[1], start)
         else:
             attn = attention_fn(q, k, v, kv[0], kv[1], start, key_mask=key_mask)
-        x = x + linear(self.o_proj, attn.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim))
-        h = self.post_attention_layernorm(x, invariant)
-        silu = invariant_ops.silu if invariant else nn.functional.silu
-        return x + linear(self.down_proj, silu(linear(self.gate_proj, h)).to(h.dtype) * linear(self.up_proj, h))
+        return self.finish(x, attn, invariant)
+
+
+def _linear(layer: nn.Linear, h: torch.Tensor, invariant: bool) -> torch.Tensor:
+    """``layer(h)``, or its batch-invariant product (``kernels.batch_invariant``) in invariant mode."""
+    return invariant_ops.linear(h, layer.weight).to(h.dtype) if invariant else layer(h)
 
 
 def _on_device(name: str, x, device: torch.device) -> None:
@@ -358,7 +374,7 @@ class Decoder(nn.Module):
         if invariant and attention_fn is not None:
             raise ValueError("attention_fn cannot be used in batch_invariant mode: the mode routes attention "
                              "through course_lib.kernels.batch_invariant")
-        rope = self._rope(positions, B, invariant)                                    # once per forward
+        rope = self.rotary(positions, B, invariant)                                    # once per forward
         attention_fn = attention_fn or attend_cached
         x = self.embed_tokens(input_ids)
         if cache is None:
@@ -375,8 +391,9 @@ class Decoder(nn.Module):
             return invariant_ops.linear(h, self.lm_head.weight)
         return self.lm_head(h).to(torch.float32)
 
-    def _rope(self, positions: torch.Tensor, B: int, invariant: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin for ``rotate_pairs``. In batch-invariant mode they are rows of a table computed once for
+    def rotary(self, positions: torch.Tensor, B: int, invariant: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for ``rotate_pairs`` (what ``Block.qkv`` takes), for positions (T,) or (B, T) int64, as
+        ``rope_cos_sin`` returns them. In batch-invariant mode they are rows of a table computed once for
         positions 0 .. max_seq_len - 1, so a position's angle never depends on the other positions in the
         call (``course_lib.kernels.batch_invariant.torch_ops``, on transcendental functions)."""
         c = self.config
