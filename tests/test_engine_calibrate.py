@@ -1,0 +1,66 @@
+"""course_lib.engine.calibrate: the seeded CPU trace, the least-squares fit of the cost model's two rates, and
+the simulator-against-engine table (the real-model comparison is measured in docs/engine.md)."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from course_lib.engine import Engine, StepReport
+from course_lib.engine.calibrate import COMPARED, compare, engine_trace, fit_device, iteration_totals, \
+    simulate_engine_policy
+from course_lib.engine.scheduler import scheduling_deployment
+from course_lib.hardware import Device
+from course_lib.models.decoder import toy_decoder
+from course_lib.scheduling.cost import iteration_time
+
+
+def test_engine_trace_is_seeded_and_in_range():
+    ids = list(range(1000))
+    a, b = engine_trace(ids, count=12, seed=3), engine_trace(ids, count=12, seed=3)
+    assert a == b and a != engine_trace(ids, count=12, seed=4)
+    assert all(16 <= len(t.prompt_ids) <= 128 and 8 <= t.max_new_tokens <= 48 for t in a)
+    assert [t.arrival for t in a] == sorted(t.arrival for t in a)
+    # each prompt is a window of the text
+    assert all(t.prompt_ids == ids[t.prompt_ids[0]:t.prompt_ids[0] + len(t.prompt_ids)] for t in a)
+    with pytest.raises(ValueError, match="prompt_range"):
+        engine_trace(ids, prompt_range=(10, 5))
+    with pytest.raises(ValueError, match="more"):
+        engine_trace(ids[:50])
+
+
+def test_fit_recovers_the_device_that_priced_the_iterations():
+    model = toy_decoder()
+    truth = Device("truth", memory=1e12, bandwidth=2.5e9, peak_flops=4e10)
+    deployment = scheduling_deployment(model.config, 4096, device=truth)
+    rng = np.random.default_rng(0)
+    history = []
+    for i in range(60):
+        chunks = tuple((int(k), int(c)) for k, c in zip(rng.integers(1, 200, rng.integers(1, 6)),
+                                                        rng.integers(0, 400, 6)))
+        history.append(StepReport(0.0, iteration_time([], list(chunks), deployment), chunks, (), (), (), (), 0))
+    totals = iteration_totals(history)
+    assert totals.shape == (60, 3) and (totals[:, 0] == [sum(k for k, _ in r.chunks) for r in history]).all()
+    fit = fit_device(history, deployment)
+    assert fit.device.bandwidth == pytest.approx(2.5e9, rel=0.06)
+    assert fit.device.peak_flops == pytest.approx(4e10, rel=0.06)
+    assert fit.median_error < 0.06 and 0 < fit.memory_bound < 1
+    with pytest.raises(ValueError, match="at least 2"):
+        fit_device(history[:1], deployment)
+
+
+def test_the_simulator_with_the_engines_policy_and_the_comparison_table():
+    model = toy_decoder()
+    counter = itertools.count()
+    engine = Engine(model, num_blocks=64, block_size=4, budget=32, max_running=4, timer=lambda: next(counter) * 0.01)
+    trace = engine_trace(list(range(model.config.vocab_size)) * 2, count=8, rate=20.0, seed=0,
+                         prompt_range=(4, 30), output_range=(2, 10))
+    measured = engine.run(trace)
+    fit = fit_device(engine.history, scheduling_deployment(model.config, engine.capacity))
+    simulated = simulate_engine_policy(trace, engine, fit.device)
+    assert [r.output for r in simulated] == [r.output for r in measured]
+    table = compare(simulated, measured)
+    assert list(table["metric"]) == list(COMPARED)
+    row = table.set_index("metric").loc["ttft50"]
+    assert row["error"] == pytest.approx(row["simulator"] / row["engine"] - 1)
