@@ -46,6 +46,7 @@ def test_fit_recovers_the_device_that_priced_the_iterations():
     assert fit.device.bandwidth == pytest.approx(2.5e9, rel=0.06)
     assert fit.device.peak_flops == pytest.approx(4e10, rel=0.06)
     assert fit.median_error < 0.06 and 0 < fit.memory_bound < 1
+    np.testing.assert_allclose(fit.predicted, [r.duration for r in history], rtol=0.12)
     with pytest.raises(ValueError, match="at least 2"):
         fit_device(history[:1], deployment)
 
@@ -57,7 +58,9 @@ def test_the_simulator_with_the_engines_policy_and_the_comparison_table():
     trace = engine_trace(list(range(model.config.vocab_size)) * 2, count=8, rate=20.0, seed=0,
                          prompt_range=(4, 30), output_range=(2, 10))
     measured = engine.run(trace)
-    fit = fit_device(engine.history, scheduling_deployment(model.config, engine.capacity))
+    fit = fit_device(engine.history, engine.deployment)
+    assert fit.measured.shape == fit.predicted.shape == fit.decode_only.shape == (len(engine.history),)
+    assert fit.decode_only.any() and not fit.decode_only.all()
     simulated = simulate_engine_policy(trace, engine, fit.device)
     assert [r.output for r in simulated] == [r.output for r in measured]
     table = compare(simulated, measured)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Sequence as Seq
 
 import numpy as np
@@ -33,7 +33,6 @@ from ..scheduling.reference import run_with_step
 from ..scheduling.workload import Request, RequestRecord
 from ..validation import integer, positive_integer, positive_number
 from .engine import Engine, StepReport, TraceRequest
-from .scheduler import scheduling_deployment
 
 __all__ = ["engine_trace", "iteration_totals", "fit_device", "Fit", "simulate_engine_policy", "compare",
            "COMPARED"]
@@ -87,13 +86,17 @@ class Fit:
 
     Attributes: device (bandwidth B/s, peak_flops FLOP/s as fitted); iterations (how many);
     memory_bound (share of them the fit prices by bytes); median_error, p90_error (|predicted / measured
-    - 1| over those iterations)."""
+    - 1| over those iterations); measured, predicted ((iterations,) float64 seconds, in run order);
+    decode_only ((iterations,) bool: the iteration ran decodes alone, every chunk one position)."""
 
     device: Device
     iterations: int
     memory_bound: float
     median_error: float
     p90_error: float
+    measured: np.ndarray = field(repr=False, compare=False)
+    predicted: np.ndarray = field(repr=False, compare=False)
+    decode_only: np.ndarray = field(repr=False, compare=False)
 
 
 def fit_device(history: Seq[StepReport], deployment: Deployment, steps_per_decade: int = 40) -> Fit:
@@ -101,7 +104,7 @@ def fit_device(history: Seq[StepReport], deployment: Deployment, steps_per_decad
 
     Minimises sum(log(predicted_i) - log(measured_i))^2 with predicted_i = max(bytes_i / bandwidth,
     FLOPs_i / compute), bytes and FLOPs from ``scheduling.cost.iteration_work`` of each iteration's
-    chunks on ``deployment`` (the engine's model and KV bytes). Both rates are searched on a log grid
+    chunks on ``deployment`` (``Engine.deployment``: the engine's weight bytes and KV bytes). Both rates are searched on a log grid
     (1e8 .. 1e12 B/s, 1e9 .. 1e13 FLOP/s, ``steps_per_decade`` points per decade).
 
     Raises: ValueError for fewer than 2 iterations or a zero measured duration."""
@@ -131,17 +134,15 @@ def fit_device(history: Seq[StepReport], deployment: Deployment, steps_per_decad
     device = Device("this CPU (fitted)", memory=deployment.weight_bytes + deployment.kv_budget + 1.0,
                     bandwidth=bandwidth, peak_flops=peak,
                     source=f"least-squares fit to {len(history)} measured engine iterations")
+    decode_only = np.array([all(k == 1 for k, _ in r.chunks) for r in history])
     return Fit(device, len(history), float(np.mean(bytes_moved / bandwidth >= flops / peak)),
-               float(np.median(errors)), float(np.quantile(errors, 0.9)))
+               float(np.median(errors)), float(np.quantile(errors, 0.9)), measured, predicted, decode_only)
 
 
 def simulate_engine_policy(trace: Seq[TraceRequest], engine: Engine, device: Device) -> list[RequestRecord]:
     """Lab 3's simulator serving ``trace`` with the engine's policy (chunked step, its budget, max_running and
-    KV budget) on ``device``."""
-    from ..models.bench import weight_bytes
-
-    deployment = scheduling_deployment(engine.model.config, engine.capacity, device=device,
-                                       weight_bytes=weight_bytes(engine.model))
+    KV budget) on ``device``: ``Engine.deployment`` with the fitted device in place of its placeholder."""
+    deployment = replace(engine.deployment, device=device)
     requests = [Request(t.arrival, len(t.prompt_ids), t.max_new_tokens) for t in trace]
     return run_with_step(requests, deployment, budget=engine.budget, max_running=engine.max_running)
 

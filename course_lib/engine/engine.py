@@ -34,6 +34,7 @@ from ..scheduling.workload import RequestRecord
 from ..validation import boolean, instance, integer, nonnegative_number, positive_integer, token_ids
 from .block_manager import BlockManager
 from .runner import ChunkInput, ModelRunner
+from ..models.bench import weight_bytes
 from .scheduler import Scheduler, scheduling_deployment
 from .sequence import Sequence
 
@@ -101,7 +102,8 @@ class Engine:
     Attributes:
         capacity: cached positions the scheduler plans for: (num_blocks - max_running) * block_size,
             so that whole blocks always suffice (``scheduler.py``).
-        deployment: the Lab 3 ``Deployment`` the scheduling step reads (its KV budget is ``capacity``).
+        deployment: the Lab 3 ``Deployment`` of this engine: its model's weight bytes, its KV budget
+            (``capacity``) and a placeholder device (``calibrate.fit_device`` fits a real one).
         clock: the engine's time (s). history: a ``StepReport`` per iteration run.
         sequences: every request added, by request id.
 
@@ -128,7 +130,7 @@ class Engine:
         self.timer = timer
         self.budget, self.max_running, self.block_size, self.num_blocks = budget, max_running, block_size, num_blocks
         self.capacity = (num_blocks - max_running) * block_size
-        self.deployment = scheduling_deployment(model.config, self.capacity)
+        self.deployment = scheduling_deployment(model.config, self.capacity, weight_bytes=weight_bytes(model))
         self.blocks = BlockManager(num_blocks, block_size)
         self.scheduler = Scheduler(self.blocks, self.deployment, budget, max_running)
         self.runner = ModelRunner(model, num_blocks, block_size, decode_attention)

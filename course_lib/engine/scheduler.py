@@ -38,7 +38,7 @@ def scheduling_deployment(model_config, kv_positions: int, device: Device | None
         model_config: the served model's ``ModelConfig`` (layers, width, attention width, KV bytes per
             position in float32, matrix-multiply parameters from ``roofline.n_matmul``).
         kv_positions: cached positions the scheduler may plan for (int >= 1).
-        device: the device the cost model prices (``scheduling.calibrate`` fits one for this CPU); None
+        device: the device the cost model prices (``engine.calibrate.fit_device`` fits one for this CPU); None
             gives a placeholder that only the scheduling rules read (they use the KV budget alone).
         weight_bytes: bytes of weights one iteration reads (None: 4 bytes per parameter).
     """
