@@ -61,7 +61,8 @@ def assert_accounting(engine):
     for report in engine.history:
         if engine.budget is not None:
             assert report.tokens <= engine.budget
-        assert report.free_blocks >= 0
+    # every block back on the free list exactly once (a double free would list one twice)
+    assert sorted(engine.blocks.pool.free_block_ids) == list(range(engine.num_blocks))
 
 
 def test_a_mixed_trace_with_preemptions_gives_every_request_its_solo_tokens(model):
@@ -142,13 +143,25 @@ def test_batch_invariant_mode_gives_bitwise_solo_logits(model, budget):
     prompts = prompts_of(model, [3, 11], seed=6, prefix=system) + prompts_of(model, [1, 19], seed=7)
     news = [6, 3, 9, 4]
     with model.batch_invariant_mode():
-        engine, records = serve(model, prompts, news, arrivals=[0.0, 0.005, 0.01, 0.03], num_blocks=14, block_size=4,
+        engine, records = serve(model, prompts, news, arrivals=[0.0, 0.005, 0.01, 0.03], num_blocks=11, block_size=4,
                                 budget=budget, max_running=3, keep_logits=True)
         for rid, (p, n) in enumerate(zip(prompts, news)):
             tokens, logits = solo(model, p, n)
             assert torch.equal(engine.output_ids(rid), tokens)
             assert torch.equal(torch.stack(engine.sequences[rid].logits), logits), f"request {rid} not bitwise"
     assert engine.blocks.prefix_hits > 0
+    assert sum(r.preemptions for r in records) > 0, "the pool is meant to be too small: preemptions must happen"
+    assert_accounting(engine)
+
+
+def test_prefix_hits_and_preemptions_in_one_trace_keep_tokens_equal(model):
+    system = prompts_of(model, [12], seed=1)[0]
+    prompts = prompts_of(model, [5, 9, 4, 13, 2], seed=2, prefix=system) + [system.clone()]
+    news = [6, 14, 7, 15, 8, 9]
+    engine, records = serve(model, prompts, news, arrivals=[0.0] * 3 + [0.05] * 3, num_blocks=20, block_size=4,
+                            budget=16, max_running=4)
+    assert sum(r.preemptions for r in records) >= 2 and engine.blocks.prefix_hits >= 2 * 12
+    assert_tokens_equal_solo(model, engine, prompts, news)
     assert_accounting(engine)
 
 
@@ -204,6 +217,8 @@ def test_bad_requests_are_refused_and_a_refused_trace_leaves_the_engine_unchange
         engine.add_request([vocab], 3)
     with pytest.raises(ValueError, match="max_new_tokens"):
         engine.add_request([1], 0)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        engine.add_request([1] * (model.config.max_seq_len + 1), 1)
     with pytest.raises(ValueError, match="arrival"):
         engine.add_request([1], 2, arrival=-1.0)
     with pytest.raises(RequestTooLargeError, match="more blocks"):
@@ -215,6 +230,16 @@ def test_bad_requests_are_refused_and_a_refused_trace_leaves_the_engine_unchange
     assert engine.sequences == [] and not engine.has_work
     records = engine.run([TraceRequest(0.0, [1, 2], 2)])
     assert len(records) == 1 and engine.output_ids(0).shape == (2,)
+
+
+@pytest.mark.parametrize("readings, error", [([0.0, -1.0], ValueError), ([0.0, "1"], TypeError),
+                                             ([0.0, float("nan")], TypeError)])
+def test_a_timer_that_goes_backwards_or_returns_a_non_number_stops_the_run(model, readings, error):
+    clock = iter(readings)
+    engine = Engine(model, num_blocks=8, block_size=4, budget=16, max_running=2, timer=lambda: next(clock))
+    engine.add_request([1, 2, 3], 2)
+    with pytest.raises(error, match="timer"):
+        engine.step()
 
 
 # -- the Triton paged-attention kernel inside the engine (Triton's interpreter on CPU) -------------------------

@@ -12,7 +12,7 @@
    the engine; the table gives TTFT, ITL and E2E percentiles of both and the simulator's error.
 
 What the cost model leaves out on this CPU (``docs/engine.md``): a fixed cost per iteration (Python
-scheduling and bookkeeping, about a millisecond, plus thirty layers of small kernels); the growth of
+scheduling and bookkeeping, plus thirty layers of small kernels); the growth of
 a decode step with the batch even while the weights' bytes dominate (matrix products of a few rows
 are not bandwidth-bound here); the extra traffic of gathering blocks for attention.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Sequence as Seq
 
@@ -50,16 +51,19 @@ def engine_trace(token_ids: Seq[int], count: int = 40, rate: float = 2.0, seed: 
     uniform in ``output_range`` (inclusive).
 
     Args: token_ids: a long token sequence (the tokenized text). count: requests (>= 1). rate: requests/s.
-    Raises: ValueError for a count < 1, a rate that is not positive, ranges that are not 1 <= lo <= hi, or
-    a text shorter than the longest prompt."""
+    Raises: TypeError for a range that is not a pair; ValueError for a count < 1, a rate that is not
+    positive, ranges that are not 1 <= lo <= hi, or a text shorter than the longest prompt."""
     count = positive_integer("count", count)
     rate = positive_number("rate", rate, note="requests/s")
     seed = integer("seed", seed)
-    for name, (lo, hi) in (("prompt_range", prompt_range), ("output_range", output_range)):
+    for name, pair in (("prompt_range", prompt_range), ("output_range", output_range)):
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Seq) or len(pair) != 2:
+            raise TypeError(f"{name} must be a pair (lo, hi) of ints, got {pair!r}")
+        lo, hi = pair
         if not (positive_integer(f"{name}[0]", lo) <= integer(f"{name}[1]", hi)):
             raise ValueError(f"{name} must be (lo, hi) with 1 <= lo <= hi, got {(lo, hi)}")
     ids = list(token_ids)
-    if len(ids) <= prompt_range[1]:
+    if len(ids) < prompt_range[1]:
         raise ValueError(f"token_ids holds {len(ids)} tokens; prompts of up to {prompt_range[1]} need more")
     rng = random.Random(seed)
     arrival, trace = 0.0, []
@@ -104,10 +108,17 @@ def fit_device(history: Seq[StepReport], deployment: Deployment, steps_per_decad
 
     Minimises sum(log(predicted_i) - log(measured_i))^2 with predicted_i = max(bytes_i / bandwidth,
     FLOPs_i / compute), bytes and FLOPs from ``scheduling.cost.iteration_work`` of each iteration's
-    chunks on ``deployment`` (``Engine.deployment``: the engine's weight bytes and KV bytes). Both rates are searched on a log grid
-    (1e8 .. 1e12 B/s, 1e9 .. 1e13 FLOP/s, ``steps_per_decade`` points per decade).
+    chunks on ``deployment`` (``Engine.deployment``: the engine's weight bytes and KV bytes). Both rates are
+    searched on a log grid (1e8 .. 1e12 B/s, 1e9 .. 1e13 FLOP/s, ``steps_per_decade`` points per decade).
+    ``compute`` is the rate an iteration reaches, ``deployment.mfu * peak_flops``: the fitted device's
+    ``peak_flops`` is compute / mfu, so the simulator on ``deployment`` prices with exactly the fitted rate.
 
-    Raises: ValueError for fewer than 2 iterations or a zero measured duration."""
+    Warns (UserWarning) when a rate lands on the grid's edge: the iterations do not pin it down (none is
+    priced by that term, or the true rate is outside the grid).
+
+    Raises: ValueError for fewer than 2 iterations, a duration that is not positive, or ``steps_per_decade``
+    below 1."""
+    steps_per_decade = positive_integer("steps_per_decade", steps_per_decade)
     if len(history) < 2:
         raise ValueError(f"fit_device needs at least 2 measured iterations, got {len(history)}")
     measured = np.array([r.duration for r in history])
@@ -130,12 +141,22 @@ def fit_device(history: Seq[StepReport], deployment: Deployment, steps_per_decad
     _, i, j = best
     bandwidth, peak = float(bandwidths[i]), float(computes[j])
     predicted = np.maximum(bytes_moved / bandwidth, flops / peak)
+    memory_bound = bytes_moved / bandwidth >= flops / peak
+    for name, k, grid, unit, binds in (("bandwidth", i, bandwidths, "B/s", memory_bound.any()),
+                                       ("compute", j, computes, "FLOP/s", (~memory_bound).any())):
+        if k in (0, len(grid) - 1):
+            warnings.warn(f"fit_device: the fitted {name} {grid[k]:.3g} {unit} is at the edge of the search grid "
+                          f"({grid[0]:.0e} .. {grid[-1]:.0e}); these iterations do not determine it", stacklevel=2)
+        elif not binds:
+            warnings.warn(f"fit_device: no iteration is priced by {name}; {grid[k]:.3g} {unit} is only a lower "
+                          "bound (add iterations that term limits)", stacklevel=2)
     errors = np.abs(predicted / measured - 1)
     device = Device("this CPU (fitted)", memory=deployment.weight_bytes + deployment.kv_budget + 1.0,
-                    bandwidth=bandwidth, peak_flops=peak,
-                    source=f"least-squares fit to {len(history)} measured engine iterations")
+                    bandwidth=bandwidth, peak_flops=peak / deployment.mfu,
+                    source=f"least-squares fit to {len(history)} measured engine iterations "
+                           f"(peak_flops = fitted compute / mfu {deployment.mfu:g})")
     decode_only = np.array([all(k == 1 for k, _ in r.chunks) for r in history])
-    return Fit(device, len(history), float(np.mean(bytes_moved / bandwidth >= flops / peak)),
+    return Fit(device, len(history), float(np.mean(memory_bound)),
                float(np.median(errors)), float(np.quantile(errors, 0.9)), measured, predicted, decode_only)
 
 

@@ -22,6 +22,7 @@ every block is free again.
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence as Seq
@@ -130,7 +131,8 @@ class Engine:
         self.timer = timer
         self.budget, self.max_running, self.block_size, self.num_blocks = budget, max_running, block_size, num_blocks
         self.capacity = (num_blocks - max_running) * block_size
-        self.deployment = scheduling_deployment(model.config, self.capacity, weight_bytes=weight_bytes(model))
+        self.deployment = scheduling_deployment(model.config, self.capacity, weight_bytes=weight_bytes(model),
+                                                kv_element_bytes=model.embed_tokens.weight.element_size())
         self.blocks = BlockManager(num_blocks, block_size)
         self.scheduler = Scheduler(self.blocks, self.deployment, budget, max_running)
         self.runner = ModelRunner(model, num_blocks, block_size, decode_attention)
@@ -160,6 +162,9 @@ class Engine:
         prompt = token_ids("prompt_ids", prompt_ids, vocab_size=c.vocab_size)
         if not prompt:
             raise ValueError("prompt_ids must hold at least one token")
+        if len(prompt) > c.max_seq_len:
+            raise ValueError(f"prompt_ids holds {len(prompt)} tokens, more than the model's max_seq_len "
+                             f"{c.max_seq_len}")
         n = integer("max_new_tokens", max_new_tokens, minimum=1, maximum=c.max_seq_len - len(prompt) + 1,
                     note=f"a prompt of {len(prompt)} tokens; max_seq_len {c.max_seq_len}")
         arrival = self.clock if arrival is None else float(nonnegative_number("arrival", arrival, note="seconds"))
@@ -189,7 +194,9 @@ class Engine:
     def step(self) -> StepReport | None:
         """Run one iteration (module docstring); None when no request is left.
 
-        Raises: RuntimeError if the block accounting breaks (``audit=True``), which is a bug."""
+        Raises: RuntimeError if the block accounting breaks (``audit=True``), which is a bug; TypeError /
+            ValueError if the timer returns a non-number or goes backwards (the engine's clock would be
+            wrong from then on, so build a new engine with a monotonic timer)."""
         self._arrive()
         if not self.scheduler.waiting and not self.scheduler.running:
             if not self._pending:
@@ -221,7 +228,7 @@ class Engine:
         for seq in done:
             self.scheduler.retire(seq)
         began = self.clock
-        self.clock += self.timer() - start
+        self.clock += self._elapsed(start)
         for seq in emitted:
             seq.token_times.append(self.clock)
         if self.audit:
@@ -233,6 +240,18 @@ class Engine:
                             self.blocks.num_free)
         self.history.append(report)
         return report
+
+    def _elapsed(self, start) -> float:
+        """Seconds since ``start`` on the engine's timer; a timer that returns a non-number or goes
+        backwards would corrupt every time of the records, so it stops the run."""
+        end = self.timer()
+        if isinstance(start, bool) or isinstance(end, bool) or not all(
+                isinstance(t, (int, float)) and math.isfinite(t) for t in (start, end)):
+            raise TypeError(f"timer must return finite seconds (int or float), got {start!r} then {end!r}")
+        if end < start:
+            raise ValueError(f"timer went backwards ({start!r} then {end!r}); use a monotonic clock such as "
+                             "time.perf_counter")
+        return float(end - start)
 
     def run(self, trace: Seq) -> list[RequestRecord]:
         """Serve a trace to the end; returns one ``RequestRecord`` per trace entry, in trace order.

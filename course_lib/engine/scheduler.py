@@ -6,7 +6,10 @@ exercise use) for a ``StepPlan`` from the running sequences' (filled, target) pa
 
 1. the admitted sequences leave the queue head and get block tables; a prefix hit gives a newcomer
    cached positions, so the step is asked again with the true contexts (and an empty queue), and
-   its chunks then cover exactly the positions still to compute;
+   its chunks then cover exactly the positions still to compute. The step counts a shared block once
+   per sequence that holds it, so this second plan can preempt a sequence admitted a moment before
+   (it is then in both ``Schedule.admitted`` and ``Schedule.preempted``, and waits at the queue head
+   with its blocks freed); its tokens are unaffected;
 2. the preempted sequences (the most recently admitted first) free their blocks and return to the
    queue head, keeping their tokens: they re-prefill prompt + generated when admitted again;
 3. the chunks (sequence, k) go to the model runner; the budget bounds the sum of k.
@@ -31,20 +34,22 @@ __all__ = ["Scheduler", "Schedule", "scheduling_deployment"]
 
 
 def scheduling_deployment(model_config, kv_positions: int, device: Device | None = None,
-                          weight_bytes: float | None = None) -> Deployment:
+                          weight_bytes: float | None = None, kv_element_bytes: int = 4) -> Deployment:
     """The Lab 3 ``Deployment`` that describes the engine's model and cache.
 
     Args:
         model_config: the served model's ``ModelConfig`` (layers, width, attention width, KV bytes per
-            position in float32, matrix-multiply parameters from ``roofline.n_matmul``).
+            position, matrix-multiply parameters from ``roofline.n_matmul``).
         kv_positions: cached positions the scheduler may plan for (int >= 1).
         device: the device the cost model prices (``engine.calibrate.fit_device`` fits one for this CPU); None
             gives a placeholder that only the scheduling rules read (they use the KV budget alone).
         weight_bytes: bytes of weights one iteration reads (None: 4 bytes per parameter).
+        kv_element_bytes: bytes of one cached K or V element, the pool's dtype (4 for float32, 2 for
+            bfloat16); the engine passes its model's.
     """
     from ..roofline import n_matmul
 
-    kv_bytes = model_config.kv_bytes_per_token(4)
+    kv_bytes = model_config.kv_bytes_per_token(kv_element_bytes)
     weights = 4.0 * model_config.parameters() if weight_bytes is None else float(weight_bytes)
     kv_budget = float(kv_positions * kv_bytes)
     if device is None:
