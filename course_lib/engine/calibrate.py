@@ -91,7 +91,8 @@ class Fit:
     Attributes: device (bandwidth B/s, peak_flops FLOP/s as fitted); iterations (how many);
     memory_bound (share of them the fit prices by bytes); median_error, p90_error (|predicted / measured
     - 1| over those iterations); measured, predicted ((iterations,) float64 seconds, in run order);
-    decode_only ((iterations,) bool: the iteration ran decodes alone, every chunk one position)."""
+    decode_only ((iterations,) bool: every chunk of the iteration was one position: decodes, or a
+    prefill's last single position beside them)."""
 
     device: Device
     iterations: int
