@@ -13,6 +13,9 @@ LABS := 01_roofline 02_kv_cache 03_scheduling 04_quantization 05_speculative_dec
 SUBMISSIONS ?= autograder/samples
 EXPECTED ?= autograder/samples/expected_scores.csv
 JOBS ?= 2
+# pytest-xdist workers of test-lib and test-notebooks
+TEST_JOBS ?= 2
+ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 # Extra options for the grading driver (python -m course_grader.grade) in `make grade`, e.g. GRADE_ARGS="--per-test --seed 123".
 GRADE_ARGS ?=
 BUILD := build
@@ -39,7 +42,7 @@ LAB_ROOT_NOTE := make lab: running as root (uid 0, as in a container), so adding
 # tools off) before any other Jupyter config folder; the user's own config is left as it is.
 LAB_ENV = JUPYTER_CONFIG_PATH=$(abspath jupyter)$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}
 
-.PHONY: help setup sandbox model run test test-fast test-lib test-notebooks test-grading test-hostile lab release samples hostile grade clean
+.PHONY: help setup sandbox model run test test-fast test-lib test-notebooks test-grading test-hostile test-browser lab hub-proxy hub release samples hostile grade clean
 
 help:
 	@echo "make setup       create .venv and install every pinned dependency (the other targets do it first)"
@@ -49,7 +52,10 @@ help:
 	@echo "make test        what CI runs: library tests, nbval on solutions/, labs/ in sync, grading of the samples and of the hostile submissions"
 	@echo "make test-fast   the unit tests without the slow ones (about a minute on an idle 2-core machine): run it while editing"
 	@echo "make test-hostile  grade autograder/hostile/ and check nothing outside the work folder changed (part of make test)"
+	@echo "make test-browser  open every lab and solution in JupyterLab in chromium, run the set-up and widget cells, move the sliders (part of make test; screenshots in build/browser/)"
 	@echo "make lab [LAB_ARGS='--port 8899 --no-browser --ip 0.0.0.0']   open JupyterLab on labs/ (learners)"
+	@echo "make hub-proxy   install the course hub's pinned configurable-http-proxy (npm ci into build/hub-node/; needs Node.js 20+)"
+	@echo "make hub         run the course JupyterHub (autograder/hub/jupyterhub_config.py; autograder/README.md, Running a course hub)"
 	@echo "make release     regenerate labs/ from solutions/ (nbgrader generate_assignment)"
 	@echo "make grade SUBMISSIONS=DIR [JOBS=N] [GRADE_ARGS='--per-test --seed N']   autograde DIR/{learner}/{lab}/{lab}.ipynb (JOBS default 2)"
 	@echo "make samples     regenerate autograder/samples/ and expected_scores.csv (from the labs' FAULTS tables) and autograder/hostile/"
@@ -89,17 +95,20 @@ run: model sandbox
 	$(MAKE) --no-print-directory release
 	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) $(GRADE_ARGS)
 
-test: model test-lib test-notebooks test-grading test-hostile
+test: model test-lib test-notebooks test-grading test-hostile test-browser
 
 # While editing: unit tests only (no kernels, sandboxes, nbgrader or real-model runs), on every core.
 test-fast: setup
 	$(BIN)/python -m pytest tests -q -m "not slow" -n auto -p no:cacheprovider
 
-test-lib: setup sandbox
-	$(BIN)/python -m pytest tests -q
+# test-lib and test-notebooks run TEST_JOBS pytest workers (pytest-xdist), one test file or notebook
+# per worker at a time, each computing on one thread (tests/conftest.py; ONE_THREAD for the notebooks'
+# kernels): two workers on two threads each spin against each other.
+test-lib: setup sandbox hub-proxy
+	$(BIN)/python -m pytest tests -q -n $(TEST_JOBS) --dist loadfile -p no:cacheprovider
 
 test-notebooks: setup
-	$(NBVAL) solutions
+	$(ONE_THREAD) $(NBVAL) -n $(TEST_JOBS) --dist loadfile solutions
 
 test-grading: setup sandbox
 	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --per-test $(GRADE_ARGS)
@@ -108,6 +117,43 @@ test-grading: setup sandbox
 # expected scores, with checks that nothing outside the work folder and no other grade changed.
 test-hostile: setup sandbox
 	$(BIN)/python -m course_grader.hostile check --jobs $(JOBS)
+
+# The learner's view in a real browser (tests/browser/): JupyterLab started as `make lab` starts it,
+# on throwaway copies of labs/ and solutions/, driven by Playwright (pinned in the dev extra) in
+# Debian's chromium; no `playwright install`, no browser download. As root on Debian/Ubuntu this
+# installs chromium with apt when missing; elsewhere the tests skip and say why. Screenshots,
+# the server log and, on failure, the page's text go to build/browser/.
+CHROMIUM ?= /usr/bin/chromium
+CHROMIUM_NOTE := make test-browser: chromium is missing ($(CHROMIUM)); install it with 'apt-get install -y chromium' \
+	(Debian/Ubuntu, as root) or point CHROMIUM at one: the browser tests skip without it
+test-browser: setup
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "make test-browser: installing Debian's chromium (apt-get install -y chromium)"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } \
+	      || echo "make test-browser: apt-get could not install chromium"; \
+	  fi; \
+	  [ -x "$(CHROMIUM)" ] || echo "$(CHROMIUM_NOTE)"; \
+	fi
+	COURSE_BROWSER_TESTS=1 COURSE_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests/browser -m browser -q -rs -p no:cacheprovider
+
+# The course hub's proxy, pinned by autograder/hub/package-lock.json; tests/test_hub_exchange.py
+# (in test-lib) runs a hub with it, and skips, saying why, where Node.js/npm are missing.
+HUB_NODE := $(BUILD)/hub-node
+HUB_PROXY := $(HUB_NODE)/node_modules/.bin/configurable-http-proxy
+
+hub-proxy:
+	@if ! command -v npm >/dev/null; then \
+	  echo "make hub-proxy: npm not found (Node.js 20+): no course hub here, tests/test_hub_exchange.py will skip"; \
+	elif [ ! -x $(HUB_PROXY) ] || [ autograder/hub/package-lock.json -nt $(HUB_PROXY) ]; then \
+	  mkdir -p $(HUB_NODE) && cp autograder/hub/package.json autograder/hub/package-lock.json $(HUB_NODE)/ && \
+	  npm ci --prefix $(HUB_NODE) --no-audit --no-fund --loglevel=error && touch $(HUB_PROXY); \
+	fi
+
+# A course hub on this machine (autograder/README.md, "Running a course hub", lists the variables).
+hub: setup sandbox hub-proxy
+	$(BIN)/jupyterhub -f autograder/hub/jupyterhub_config.py $(HUB_ARGS)
 
 lab: setup
 	@$(if $(LAB_ROOT_ARGS),echo "$(LAB_ROOT_NOTE)")

@@ -8,6 +8,9 @@ took 12 s with two workers on two threads each.
 import os
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
+    # the processes a test starts (kernels, nbgrader, the sandbox) inherit one thread each too
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
     import torch
 
     torch.set_num_threads(1)

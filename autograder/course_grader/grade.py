@@ -122,6 +122,7 @@ class Submission:
     tampering: list[str] = field(default_factory=list)  # changes to locked/graded cells, undone before grading
     skipped: list[str] = field(default_factory=list)  # symlinks and special files left out of the copy
     reuse: list[str] = field(default_factory=list)  # reference reuse and dynamic code (provenance.flag_notes)
+    graded_on: str = ""  # the cluster worker's host that graded it ("" on this machine)
 
 
 # --------------------------------------------------------------------------------------
@@ -154,11 +155,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a test whose learner functions reach course_lib's reference for that exercise: "
                              "'flag' lists it in the flags column, 'zero' also scores it 0 (default: the course "
                              "config's CourseJudge.reference_reuse, which is 'flag')")
+    parser.add_argument("--cluster", metavar="ADDRESS", default=None,
+                        help="grade on the Dask scheduler at ADDRESS (tcp://host:8786, or a scheduler file .json), one "
+                             "task per submission; the workers need this commit's checkout with `make setup model "
+                             "sandbox` (course_grader.cluster); without it, --jobs grades on this machine")
     parser.add_argument("--submission-timeout", type=int, default=3600,
                         help="seconds for one submission's autograde before it is killed (default 3600)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
+    if args.cluster is not None and args.jobs != 1:
+        parser.error("--cluster and --jobs do not go together: the cluster's workers decide how many run at once")
     args.root = args.root.resolve()
     args.submissions = args.submissions.resolve()
     args.work = (args.work or args.root / "build" / "grading").resolve()
@@ -682,9 +689,9 @@ def lab_max_scores(db: Path, course_id: str, labs: list[str]) -> dict[str, float
         return {lab: float(gb.find_assignment(lab).max_score) for lab in labs}
 
 
-def grade_shard(course: Path, row: Submission, course_id: str, env: dict[str, str], timeout: float) -> None:
-    """Autograde one submission in its own copy of the course (row.shard) and read its scores."""
-    start = time.monotonic()
+def stage_shard(course: Path, row: Submission) -> None:
+    """Make row.shard: the config, a copy of the gradebook made after generate_assignment, the lab's
+    source and this one submission (a renamed notebook under {lab}.ipynb); record its tampering."""
     shard = row.shard
     shard.mkdir(parents=True)
     shutil.copy2(course / "nbgrader_config.py", shard)
@@ -695,55 +702,82 @@ def grade_shard(course: Path, row: Submission, course_id: str, env: dict[str, st
     if row.notebook:  # a renamed notebook: nbgrader looks for {lab}.ipynb
         (submitted / row.notebook).rename(submitted / f"{row.lab}.ipynb")
     row.tampering = tampering(submitted / f"{row.lab}.ipynb", course / "release" / row.lab / f"{row.lab}.ipynb")
-    log = shard / "nbgrader.log"
+
+
+def grade_shard(course: Path, row: Submission, course_id: str, env: dict[str, str], timeout: float) -> None:
+    """Autograde one submission in its own copy of the course (row.shard) and read its scores."""
+    start = time.monotonic()
     try:
-        before = gradebook_rows(shard / "gradebook.db", row.learner)
-        if row.seed is not None:
-            env = {**env, "COURSE_GRADING_SEED": str(row.seed), "COURSE_JUDGE_SEED": str(row.judge_seed)}
-        code, why = run_nbgrader(["autograde", row.lab, "--student", row.learner], shard, log, env, timeout)
-        if code != 0:
-            row.error = f"autograde failed: {why}"
-            return
-        records = judge.read_verdicts(shard / "autograded" / row.learner / row.lab, row.learner, row.lab)
-        row.reuse = provenance.flag_notes(records)
-        for verdicts in (shard / "autograded" / row.learner / row.lab).glob("*" + judge.VERDICT_SUFFIX):
-            verdicts.rename(shard / verdicts.name)  # generate_feedback copies the folder's other files
-        row.judge_flags = judge.apply_verdicts(f"sqlite:///{shard / 'gradebook.db'}", records, course_id=course_id)
-        changed = gradebook_changes(before, gradebook_rows(shard / "gradebook.db", row.learner))
-        if changed:  # only nbgrader and the judge write it, and only this learner's rows
-            row.error = f"not graded: gradebook rows outside this submission changed while grading it: {changed}"
-            return
-        read_scores(shard / "gradebook.db", course_id, row)
-        row.graded = True
-        autograded = shard / "autograded" / row.learner / row.lab / f"{row.lab}.ipynb"
-        row.error = kernel_death(autograded)
-        outcomes = cell_outcomes(autograded)
-        for cell in row.cells:
-            cell["outcome"] = outcomes.get(cell["cell"], "")
+        stage_shard(course, row)
+        autograde_shard(row, course_id, env, timeout)
     finally:
         row.seconds = time.monotonic() - start
 
 
+def autograde_shard(row: Submission, course_id: str, env: dict[str, str], timeout: float) -> None:
+    """In a staged shard (row.shard): stock ``nbgrader autograde`` (sandboxed kernel, in-kernel
+    checks), the judge's verdicts applied to the shard's gradebook, then the scores read into ROW.
+    Also the body of a cluster task (``course_grader.cluster``), on the worker's copy of the shard."""
+    shard = row.shard
+    log = shard / "nbgrader.log"
+    before = gradebook_rows(shard / "gradebook.db", row.learner)
+    if row.seed is not None:
+        env = {**env, "COURSE_GRADING_SEED": str(row.seed), "COURSE_JUDGE_SEED": str(row.judge_seed)}
+    code, why = run_nbgrader(["autograde", row.lab, "--student", row.learner], shard, log, env, timeout)
+    if code != 0:
+        row.error = f"autograde failed: {why}"
+        return
+    records = judge.read_verdicts(shard / "autograded" / row.learner / row.lab, row.learner, row.lab)
+    row.reuse = provenance.flag_notes(records)
+    for verdicts in (shard / "autograded" / row.learner / row.lab).glob("*" + judge.VERDICT_SUFFIX):
+        verdicts.rename(shard / verdicts.name)  # generate_feedback copies the folder's other files
+    row.judge_flags = judge.apply_verdicts(f"sqlite:///{shard / 'gradebook.db'}", records, course_id=course_id)
+    changed = gradebook_changes(before, gradebook_rows(shard / "gradebook.db", row.learner))
+    if changed:  # only nbgrader and the judge write it, and only this learner's rows
+        row.error = f"not graded: gradebook rows outside this submission changed while grading it: {changed}"
+        return
+    read_scores(shard / "gradebook.db", course_id, row)
+    row.graded = True
+    autograded = shard / "autograded" / row.learner / row.lab / f"{row.lab}.ipynb"
+    row.error = kernel_death(autograded)
+    outcomes = cell_outcomes(autograded)
+    for cell in row.cells:
+        cell["outcome"] = outcomes.get(cell["cell"], "")
+
+
 def grade_all(course: Path, work: Path, rows: list[Submission], course_id: str, jobs: int,
-              env: dict[str, str], timeout: float) -> None:
-    """Grade every row without an error, JOBS at a time; a failure stays in its own row."""
+              env: dict[str, str], timeout: float, cluster=None) -> None:
+    """Grade every row without an error, JOBS at a time on this machine, or one task per row on
+    CLUSTER (a ``course_grader.cluster.Cluster``); a failure stays in its own row."""
     todo = [r for r in rows if not r.error]
     for i, row in enumerate(todo):
         row.shard = work / "shards" / f"{i:04d}"
+    if cluster is not None:
+        report_outcomes(cluster.grade(course, todo, course_id, timeout), len(todo))
+        return
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(grade_shard, course, r, course_id, env, timeout): r for r in todo}
-        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
-            row = futures[future]
-            try:
-                future.result()
-            except Stopped:
-                raise
-            except Exception as exc:  # a broken shard must not stop the batch
-                row.error = f"grading crashed: {type(exc).__name__}: {exc}"
-            status = f"{row.score:g}/{row.max_score:g}" if row.graded else "not graded"
-            note = f" [{printable(row.error)}]" if row.error else ""
-            print(f"  [{done}/{len(todo)}] {row.learner} / {row.lab}: {status}{note} ({row.seconds:.1f} s)",
-                  flush=True)
+
+        def outcomes():
+            for future in concurrent.futures.as_completed(futures):
+                yield futures[future], future.exception(), ""
+        report_outcomes(outcomes(), len(todo))
+
+
+def report_outcomes(outcomes, total: int) -> None:
+    """Record and print each (row, exception or None, where) as its grading ends; an exception is
+    that row's error (a broken shard must not stop the batch), except Stopped."""
+    for done, (row, exc, where) in enumerate(outcomes, 1):
+        if isinstance(exc, Stopped) or (exc is not None and not isinstance(exc, Exception)):
+            raise exc
+        if exc is not None:
+            row.error = f"grading crashed: {type(exc).__name__}: {exc}"
+        row.graded_on = where
+        status = f"{row.score:g}/{row.max_score:g}" if row.graded else "not graded"
+        note = f" [{printable(row.error)}]" if row.error else ""
+        place = f" on {where}" if where else ""
+        print(f"  [{done}/{total}] {row.learner} / {row.lab}: {status}{note} ({row.seconds:.1f} s{place})",
+              flush=True)
 
 
 def merge_into_course(course: Path, rows: list[Submission], course_id: str) -> None:
@@ -832,6 +866,14 @@ def totals_table(rows: list[Submission]) -> pd.DataFrame:
          for r in sorted(rows, key=lambda r: (r.learner, r.lab))],
         columns=["learner", "lab", "score", "max_score", "error", "seed", "judge_flags", "flags"],
     ).astype({"seed": "Int64"})
+
+
+def timings_table(rows: list[Submission]) -> pd.DataFrame:
+    """learner, lab, seconds (its shard: staging, autograde and judge, on whichever machine), graded_on
+    (the cluster worker's host; empty on this machine), one row per submission that was graded or tried."""
+    tried = [r for r in rows if r.shard is not None]
+    return pd.DataFrame([{"learner": printable(r.learner), "lab": printable(r.lab), "seconds": round(r.seconds, 3),
+                          "graded_on": r.graded_on} for r in tried], columns=["learner", "lab", "seconds", "graded_on"])
 
 
 def flag_notes(row: Submission) -> list[str]:
@@ -941,19 +983,43 @@ def run(args: argparse.Namespace) -> int:
     labs = sorted({r.lab for r in rows if r.folder is not None and not r.error.startswith("unknown lab")})
     if not labs:
         raise InfrastructureError(f"none of the submitted labs has a source in {args.root / 'solutions'}")
-    try:
-        unsafe = sandbox.require_sandbox(allow_unsafe=args.unsafe_no_sandbox)
-    except sandbox.SandboxUnavailableError as exc:
-        raise InfrastructureError(f"{exc} (make sandbox installs it; the flag is --unsafe-no-sandbox)") from None
-    if unsafe:
-        print(unsafe, flush=True)
-    else:
-        check_kernel_course_lib(sandbox)
     # the judge's lines come after the sandbox's: they wrap the (sandboxed) Execute step
     sandbox_lines = sandbox.nbgrader_config_lines(sandbox.SandboxLimits(wall_seconds=args.submission_timeout),
                                                   allow_unsafe=args.unsafe_no_sandbox) + judge.nbgrader_config_lines()
     if args.reference_reuse is not None:
         sandbox_lines.append(f"c.CourseJudge.reference_reuse = {args.reference_reuse!r}")
+    cluster = None
+    if args.cluster is None:
+        try:
+            unsafe = sandbox.require_sandbox(allow_unsafe=args.unsafe_no_sandbox)
+        except sandbox.SandboxUnavailableError as exc:
+            raise InfrastructureError(f"{exc} (make sandbox installs it; the flag is --unsafe-no-sandbox)") from None
+        if not unsafe:
+            check_kernel_course_lib(sandbox)
+    else:  # learner code runs on the workers: their sandboxes are checked, not this machine's
+        from .cluster import Cluster
+
+        cluster = Cluster(args.cluster, sandbox_lines, args.cell_timeout, allow_unsafe=args.unsafe_no_sandbox)
+        try:
+            reports = cluster.check()
+        except InfrastructureError:
+            cluster.close()
+            raise
+        unsafe = next((r["unsafe"] for r in reports.values() if r["unsafe"]), "")
+        print(f"Cluster {args.cluster}: {len(reports)} worker(s) on {len({r['host'] for r in reports.values()})} "
+              f"machine(s), each with this driver's course code; sandbox: "
+              f"{'NONE on some (--unsafe-no-sandbox)' if unsafe else 'bubblewrap'}.", flush=True)
+    if unsafe:
+        print(unsafe, flush=True)
+    try:
+        return _grade(args, rows, labs, sandbox_lines, unsafe, cluster, started)
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def _grade(args: argparse.Namespace, rows: list[Submission], labs: list[str], sandbox_lines: list[str],
+           unsafe: str, cluster, started: float) -> int:
     prepare_work(args.work, args.root, args.submissions)
     env = nbgrader_env(args.jobs)
 
@@ -970,10 +1036,11 @@ def run(args: argparse.Namespace) -> int:
         row.seed = submission_seed(args.seed, row.learner, row.lab)
         row.judge_seed = judge_seed_of(args.seed, row.learner, row.lab)
     rejected = sum(1 for r in rows if r.error and r.error != NOT_SUBMITTED)
-    print(f"Grading {len(todo)} submission(s) with {args.jobs} job(s); {rejected} rejected before grading; "
+    how = f"on the cluster at {args.cluster}" if cluster is not None else f"with {args.jobs} job(s)"
+    print(f"Grading {len(todo)} submission(s) {how}; {rejected} rejected before grading; "
           f"hidden-test run seed {args.seed} (replay: --seed {args.seed}).", flush=True)
     grade_start = time.monotonic()
-    grade_all(course, args.work, rows, course_id, args.jobs, env, args.submission_timeout)
+    grade_all(course, args.work, rows, course_id, args.jobs, env, args.submission_timeout, cluster)
     grading_seconds = time.monotonic() - grade_start
     if todo and not any(r.graded for r in todo):
         raise InfrastructureError(
@@ -995,6 +1062,7 @@ def run(args: argparse.Namespace) -> int:
                                   "message"])
     flags["message"] = flags["message"].map(printable)
     flags.to_csv(args.work / "judge_disagreements.csv", index=False)
+    timings_table(rows).to_csv(args.work / "timings.csv", index=False)
     print("\nGrades:\n" + show(totals))
     if args.per_test:
         cells.to_csv(args.work / "grades_per_test.csv", index=False)
@@ -1014,10 +1082,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nGrades CSV:    {args.work / 'grades.csv'}")
     print(f"Judge flags:   {args.work / 'judge_disagreements.csv'} ({len(flags)} cell(s) where the learner's "
           "kernel and the judge disagreed)")
+    print(f"Timings:       {args.work / 'timings.csv'} (seconds per submission, and the machine that graded it)")
     if args.per_test:
         print(f"Per-test CSV:  {args.work / 'grades_per_test.csv'}")
     print(f"Feedback HTML: {course / 'feedback'}  ({{learner}}/{{lab}}/{{lab}}.html)")
-    print(f"Time: grading {grading_seconds:.1f} s with {args.jobs} job(s), "
+    print(f"Time: grading {grading_seconds:.1f} s {how}, "
           f"whole run {time.monotonic() - started:.1f} s")
     if unsafe:
         print(unsafe)

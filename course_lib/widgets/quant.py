@@ -23,7 +23,7 @@ import torch
 from .. import validation as check
 from ..models.config import smollm2_135m_config
 from ..quant.formats import FORMATS, QuantizedTensor, QuantScheme, fake_quantize, qmax, quantize, storage_bytes
-from .rope import DPI, png_size
+from .rope import PANEL_LAYOUT, picture_widget, show_figure
 
 _SMOLLM2 = smollm2_135m_config()
 #: Shape (out_features, in_features) of the synthetic weight matrix: SmolLM2-135M's MLP
@@ -245,7 +245,6 @@ def quant_explorer(bits: int = 4, group_size: int | str = 64, symmetric: bool = 
         ValueError / TypeError: as ``quant_numbers`` for the initial setting.
     """
     import html
-    import io
 
     import ipywidgets as widgets
 
@@ -274,7 +273,7 @@ def quant_explorer(bits: int = 4, group_size: int | str = 64, symmetric: bool = 
     note = widgets.HTML(f"<i>Weights: {html.escape(source)}. Outlier strength s multiplies the largest weight "
                         f"of {min(N_OUTLIER_ROWS, out)} rows (row 0 included) by 1 + s.</i>")
     table = widgets.HTML()
-    image = widgets.Image(format="png", layout=widgets.Layout(height="auto"))
+    image = picture_widget()
     controls = {"bits": bits_w, "group_size": group_w, "symmetric": sym_w, "outlier": outlier_w,
                 "scale_dtype": dtype_w}
 
@@ -286,17 +285,13 @@ def quant_explorer(bits: int = 4, group_size: int | str = 64, symmetric: bool = 
             table.value = f"<b>Refused:</b> {html.escape(str(exc))}"
             return None
         table.value = _html(numbers)
-        buffer = io.BytesIO()
-        quant_explorer_figure(numbers).savefig(buffer, format="png", dpi=DPI)
-        png = buffer.getvalue()
-        image.layout.width = f"{png_size(png)[0]}px"    # before the new picture arrives: never stretched
-        image.value = png
+        show_figure(image, quant_explorer_figure(numbers))
         return numbers
 
     for w in controls.values():
         w.observe(update, names="value")
     panel = widgets.VBox([widgets.HBox([bits_w, group_w, outlier_w]), widgets.HBox([sym_w, dtype_w]),
-                          note, table, image], layout=widgets.Layout(align_items="flex-start"))
+                          note, table, image], layout=widgets.Layout(**PANEL_LAYOUT))
     panel.update = update
     panel.controls = controls
     update()

@@ -108,39 +108,58 @@ def png_size(png: bytes) -> tuple[int, int]:
     return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
 
 
+def picture_widget():
+    """An ``ipywidgets.Image`` for a PNG shown at its own size. ipywidgets' stylesheet caps an image at
+    its container's width (``max-width: 100%``), which squeezes a wide picture in a narrow notebook;
+    this one is never capped, and the panels around it scroll instead (``PANEL_LAYOUT``)."""
+    import ipywidgets as widgets
+
+    return widgets.Image(format="png", layout=widgets.Layout(height="auto", max_width="none"))
+
+
+#: Layout of an explorer panel: children at their own width, a horizontal scroll bar when the
+#: notebook is narrower than the picture.
+PANEL_LAYOUT = {"align_items": "flex-start", "overflow": "auto"}
+
+
+def show_figure(image, fig) -> None:
+    """Put FIG into IMAGE (``picture_widget``) as a PNG at ``DPI``, its layout width the PNG's width in
+    pixels, set before the picture arrives so it is never shown stretched."""
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    png = buffer.getvalue()
+    image.layout.width = f"{png_size(png)[0]}px"
+    image.value = png
+
+
 def rope_explorer(position: int = 5, n_pairs: int = 8, base: float = 10000.0):
     """An ipywidgets panel: sliders for position, pairs and base, and the picture of
     ``rope_explorer_figure`` for their values. Returns the widget; its ``update()`` attribute
     redraws for the current slider values and returns the state (tests).
 
     The picture is a PNG in an ``ipywidgets.Image`` whose layout width is the PNG's own width in
-    pixels (height follows the aspect ratio), so it is shown at its natural resolution rather than
-    stretched to the notebook's width. Updating it is one widget-state message, with no output
+    pixels (height follows the aspect ratio), so it is shown at its natural resolution, neither
+    stretched nor squeezed to the notebook's width (the panel scrolls in a narrow one). Updating it is one widget-state message, with no output
     capture, so the panel behaves the same in JupyterLab and in headless runs (nbconvert, nbval,
     nbgrader). Like every widget it lives in the kernel: a notebook reopened later shows it again
     only when its cell is rerun (or when JupyterLab saved the widget state with the notebook)."""
-    import io
-
     import ipywidgets as widgets
 
     pos = widgets.IntSlider(value=position, min=0, max=4096, description="position")
     pairs = widgets.IntSlider(value=n_pairs, min=1, max=16, description="pairs")
     base_w = widgets.FloatLogSlider(value=base, base=10, min=1, max=6, description="base")
-    image = widgets.Image(format="png", layout=widgets.Layout(height="auto"))
+    image = picture_widget()
 
     def update(*_):
         fig, state = rope_explorer_figure(int(pos.value), int(pairs.value), float(base_w.value))
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=DPI)
-        png = buffer.getvalue()
-        image.layout.width = f"{png_size(png)[0]}px"    # before the new picture arrives: never stretched
-        image.value = png
+        show_figure(image, fig)
         return state
 
     for w in (pos, pairs, base_w):
         w.observe(update, names="value")
-    panel = widgets.VBox([widgets.HBox([pos, pairs, base_w]), image],
-                         layout=widgets.Layout(align_items="flex-start"))
+    panel = widgets.VBox([widgets.HBox([pos, pairs, base_w]), image], layout=widgets.Layout(**PANEL_LAYOUT))
     panel.update = update
     update()
     return panel

@@ -1,0 +1,270 @@
+"""Grading fanned out on a Dask distributed cluster: ``python -m course_grader.grade DIR --cluster ADDRESS``.
+
+The driver does what it does for ``--jobs``: it builds the course (``generate_assignment``, the
+gradebook every shard starts from), stages one shard per submission and, at the end, merges every
+grade into one gradebook, writes the CSVs and the feedback. What changes is where a shard is graded:
+
+1. the driver packs the staged shard (the gradebook copy, the lab's source, the one submission) into
+   a tar archive and submits one task per submission to the Dask scheduler at ADDRESS;
+2. a worker unpacks it into a folder of its own, writes the shard's ``nbgrader_config.py`` from *its*
+   checkout's course settings plus the driver's sandbox and judge lines, and runs
+   ``grade.autograde_shard``: the sandboxed ``nbgrader autograde`` and the judge, exactly as a local job;
+3. the task returns the row's results and the graded shard (autograded notebook, gradebook, verdicts,
+   log) as an archive; the driver unpacks it into ``shards/NNNN`` as if it had graded it itself.
+
+Only the driver writes the merged gradebook, once per row, from the results it received. When a
+worker dies mid-task, the scheduler runs the task again on another worker (up to Dask's
+``distributed.scheduler.allowed-failures`` times, 3 by default), each attempt in a fresh folder; a
+task whose workers keep dying becomes an error row (``KilledWorker``). No submission is lost and
+none is graded twice into the gradebook.
+
+Before the first task the driver asks every worker for a ``worker_report`` and refuses to grade,
+naming the worker, when one runs other course code (a sha256 over course_lib, course_grader and the
+course's nbgrader config), another Python or nbgrader, has no working sandbox (or its sandboxed
+kernel imports another course_lib), or cannot load the default model without a download.
+
+Starting workers (the autograder README, "Grading on a cluster"): on each machine, a checkout of
+the same commit with ``make setup model sandbox`` done, then ``dask worker ADDRESS --nthreads 1``
+(one submission at a time per worker process; ``--nworkers N`` for N on one machine) from its venv;
+``dask scheduler`` on one of them prints ADDRESS. A batch system's workers come from dask-jobqueue
+(``SLURMCluster`` and the like) or dask-kubernetes with the same venv; pass their scheduler's address.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import io
+import os
+import platform
+import shutil
+import socket
+import sys
+import tarfile
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from . import grade, sandbox
+from .paths import BASE_CONFIG, REPO_ROOT
+
+#: Submission fields a worker fills in; the driver copies exactly these back (the rest is its own).
+RESULT_FIELDS = ("error", "score", "max_score", "cells", "comments", "graded", "timestamp", "reuse", "judge_flags",
+                 "seconds")
+#: What a worker's report must agree on with the driver's.
+MATCHED = ("fingerprint", "python", "nbgrader")
+#: Environment variables of the driver that the worker's nbgrader processes get too (nbgrader_env
+#: sets COURSE_QUICK; the seeds travel in the row).
+FORWARDED_ENV = ("COURSE_QUICK",)
+#: The shard's config is the worker's own (its paths); the driver's copy stays home.
+CONFIG = "nbgrader_config.py"
+#: The driver has these already: the worker sends back only what grading wrote.
+STAGED_ONLY = ("source", "submitted", CONFIG)
+TASK_FILE = "task.json"  # in a worker's shard folder while it grades: which process, for logs and tests
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """sha256 over the course code a grade depends on: every .py file of course_lib and course_grader
+    (path relative to its package, then bytes) and the course's nbgrader_config.py."""
+    import course_lib
+
+    h = hashlib.sha256()
+    for package in (Path(course_lib.__file__).parent, Path(__file__).parent):
+        for path in sorted(package.rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            h.update(f"{package.name}/{path.relative_to(package).as_posix()}\0".encode())
+            h.update(path.read_bytes())
+    h.update(BASE_CONFIG.read_bytes())
+    return h.hexdigest()
+
+
+def versions() -> dict[str, str]:
+    """This process's Python and nbgrader versions (what ``MATCHED`` compares besides the fingerprint)."""
+    import importlib.metadata
+
+    return {"python": platform.python_version(), "nbgrader": importlib.metadata.version("nbgrader")}
+
+
+def worker_report(allow_unsafe: bool = False) -> dict:
+    """What a worker can grade with (run on each worker by ``Cluster.check``): host, cores, the code
+    fingerprint, versions, a list of problems (no sandbox, a sandboxed kernel importing another
+    course_lib, the default model not usable without a download), and ``unsafe``: the sandbox's warning
+    when it is missing and ALLOW_UNSAFE let it pass ("" otherwise)."""
+    from course_lib.data import model_status
+    from course_lib.doctor import DEFAULT_MODEL
+
+    problems, unsafe = [], ""
+    try:
+        unsafe = sandbox.require_sandbox(allow_unsafe=allow_unsafe)
+    except sandbox.SandboxUnavailableError as exc:
+        problems.append(f"no sandbox: {exc}")
+    else:
+        if not unsafe:
+            try:
+                grade.check_kernel_course_lib(sandbox)
+            except grade.InfrastructureError as exc:
+                problems.append(str(exc))
+    try:
+        status, _, usable = model_status(DEFAULT_MODEL)
+    except Exception as exc:  # a broken manifest or cache: the worker cannot grade
+        status, usable = f"{type(exc).__name__}: {exc}", False
+    if not usable:
+        problems.append(f"default model {DEFAULT_MODEL} not usable: {status} (run `make model` there)")
+    return {"host": socket.gethostname(), "cpus": os.cpu_count() or 1, "root": str(REPO_ROOT),
+            "fingerprint": code_fingerprint(), **versions(), "problems": problems, "unsafe": unsafe}
+
+
+def pack(folder: Path, leave_out: tuple[str, ...] = ()) -> bytes:
+    """FOLDER's files as a gzip'd tar (paths relative to it), without the top-level names LEAVE_OUT."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for entry in sorted(folder.iterdir()):
+            if entry.name not in leave_out:
+                tar.add(entry, arcname=entry.name)
+    return buffer.getvalue()
+
+
+def unpack(data: bytes, folder: Path) -> None:
+    """Extract an archive made by ``pack`` into FOLDER, refusing links, devices and paths that leave it
+    (tarfile's "data" filter)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(folder, filter="data")
+
+
+def grade_task(payload: dict) -> dict:
+    """A worker's half: grade one staged shard (see the module docstring); returns the row with its
+    results and the graded shard's archive. Raises InfrastructureError when this worker's course code
+    is not the driver's (a worker started after the check, from another checkout)."""
+    mine = code_fingerprint()
+    if payload["fingerprint"] != mine:
+        raise grade.InfrastructureError(f"worker on {socket.gethostname()} ({REPO_ROOT}) runs other course code "
+                                        f"(fingerprint {mine[:12]}, driver {payload['fingerprint'][:12]})")
+    row: grade.Submission = payload["row"]
+    base = None
+    try:
+        from distributed import get_worker
+
+        base = get_worker().local_directory
+    except (ImportError, ValueError):  # not inside a Dask worker (a direct call)
+        pass
+    folder = Path(tempfile.mkdtemp(prefix="course-grading-", dir=base))
+    try:
+        unpack(payload["archive"], folder)
+        (folder / TASK_FILE).write_text(f'{{"pid": {os.getpid()}, "host": "{socket.gethostname()}"}}\n')
+        grade.write_course_config(folder, payload["cell_timeout"], payload["sandbox_lines"])
+        env = grade.nbgrader_env(1)
+        env.update(payload["env"])
+        share = str(max(1, (os.cpu_count() or 1) // max(1, payload["threads_on_host"].get(socket.gethostname(), 1))))
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env.setdefault(var, share)
+        row.shard = folder
+        start = time.monotonic()
+        try:
+            grade.autograde_shard(row, payload["course_id"], env, payload["timeout"])
+        finally:
+            row.seconds = time.monotonic() - start
+        (folder / TASK_FILE).unlink()
+        archive = pack(folder, leave_out=STAGED_ONLY)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"results": {name: getattr(row, name) for name in RESULT_FIELDS}, "archive": archive,
+            "where": socket.gethostname()}
+
+
+class Cluster:
+    """A connection to a Dask scheduler that grades shards (``grade.grade_all(..., cluster=...)``).
+
+    Args:
+        address: the scheduler's address (``tcp://host:8786``) or a scheduler file (``.json``, as
+            ``dask scheduler --scheduler-file`` writes).
+        sandbox_lines: the driver's sandbox and judge lines for each shard's nbgrader_config.py.
+        cell_timeout: seconds per cell, or None for the course's ``Execute.timeout``.
+        allow_unsafe: workers may grade without the sandbox (``--unsafe-no-sandbox``).
+        connect_timeout: seconds to wait for the scheduler and for at least one worker.
+
+    Raises: InfrastructureError when the scheduler cannot be reached or has no worker.
+    """
+
+    def __init__(self, address: str, sandbox_lines: list[str], cell_timeout: int | None,
+                 allow_unsafe: bool = False, connect_timeout: float = 60.0) -> None:
+        from distributed import Client
+
+        self.sandbox_lines, self.cell_timeout, self.allow_unsafe = list(sandbox_lines), cell_timeout, allow_unsafe
+        try:
+            if address.endswith(".json"):
+                self.client = Client(scheduler_file=address, timeout=connect_timeout)
+            else:
+                self.client = Client(address, timeout=connect_timeout)
+        except (OSError, TimeoutError) as exc:
+            raise grade.InfrastructureError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
+        try:
+            self.client.wait_for_workers(1, timeout=connect_timeout)
+        except (TimeoutError, OSError) as exc:
+            self.client.close()
+            raise grade.InfrastructureError(f"the Dask scheduler at {address} has no worker after "
+                                            f"{connect_timeout:.0f} s ({exc}); start some with `dask worker {address}`")
+        self.address = address
+
+    def close(self) -> None:
+        self.client.close()
+
+    def workers(self) -> dict[str, dict]:
+        return self.client.scheduler_info(n_workers=-1)["workers"]
+
+    def check(self) -> dict[str, dict]:
+        """Every worker's ``worker_report``; InfrastructureError naming each worker that differs from
+        this driver or has a problem."""
+        reports = self.client.run(worker_report, self.allow_unsafe)
+        mine = {"fingerprint": code_fingerprint(), **versions()}
+        bad = []
+        for address, report in sorted(reports.items()):
+            where = f"worker {address} on {report['host']} ({report['root']})"
+            differs = [f"{key} {report[key][:12]} (driver {mine[key][:12]})" for key in MATCHED if report[key] != mine[key]]
+            if differs:
+                bad.append(f"{where}: other course code or versions: {', '.join(differs)}; check out the driver's "
+                           "commit there and run `make setup`")
+            bad.extend(f"{where}: {problem}" for problem in report["problems"])
+        if bad:
+            raise grade.InfrastructureError("refusing to grade on this cluster:\n  " + "\n  ".join(bad))
+        return reports
+
+    def grade(self, course: Path, rows: list, course_id: str, timeout: float):
+        """Stage, submit and collect every row's shard; yields (row, exception or None, worker host) as
+        each ends (``grade.report_outcomes`` reads them). Cancels what is left if the driver stops."""
+        from distributed import as_completed
+
+        hosts: dict[str, int] = {}           # threads of all workers on each machine: each gets a share of its cores
+        names = self.client.run(socket.gethostname)
+        for address, info in self.workers().items():
+            host = names.get(address, "")
+            hosts[host] = hosts.get(host, 0) + int(info.get("nthreads", 1))
+        env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
+        env.setdefault("COURSE_QUICK", grade.nbgrader_env(1)["COURSE_QUICK"])
+        futures = {}
+        for row in rows:
+            grade.stage_shard(course, row)
+            remote_row = dataclasses.replace(row, folder=None, shard=None)
+            payload = {"archive": pack(row.shard, leave_out=(CONFIG,)), "row": remote_row, "course_id": course_id,
+                       "timeout": timeout, "cell_timeout": self.cell_timeout, "sandbox_lines": self.sandbox_lines,
+                       "env": env, "fingerprint": code_fingerprint(), "threads_on_host": hosts}
+            key = f"grade-{row.shard.name}-{uuid.uuid4().hex[:8]}"
+            futures[self.client.submit(grade_task, payload, key=key, pure=False, retries=0)] = row
+        try:
+            for future in as_completed(list(futures)):
+                row = futures[future]
+                try:
+                    answer = future.result()
+                except Exception as exc:      # KilledWorker, a worker's InfrastructureError, a lost connection
+                    yield row, exc, ""
+                    continue
+                for name, value in answer["results"].items():
+                    setattr(row, name, value)
+                unpack(answer["archive"], row.shard)
+                yield row, None, answer["where"]
+        finally:
+            self.client.cancel([f for f in futures if not f.done()])
+

@@ -1,0 +1,95 @@
+"""The course hub's settings: what ``autograder/hub/jupyterhub_config.py`` and the hub users'
+nbgrader configs (``autograder/hub/learner/``, ``autograder/hub/instructor/``) share.
+
+Everything is read from environment variables, so one checkout serves a real hub and the
+throwaway one ``tests/test_hub_exchange.py`` starts:
+
+=============================  ===================================================  ===========================
+variable                       meaning                                              default
+=============================  ===================================================  ===========================
+``COURSE_EXCHANGE_ROOT``       nbgrader's exchange (release, inbound, feedback)     ``/srv/nbgrader/exchange``
+``COURSE_HUB_STATE``           the hub's database, cookie secret, pid file          ``/srv/jupyterhub``
+``COURSE_HUB_IP``              address the hub's proxy listens on                   all interfaces
+``COURSE_HUB_PORT``            its port                                             8000
+``COURSE_HUB_API_PORT``        the hub's own API (loopback)                         8081
+``COURSE_HUB_PROXY_API_PORT``  the proxy's API (loopback)                           8001
+``COURSE_HUB_INSTRUCTORS``     comma-separated hub users in ``formgrade-<course>``  ``instructor``
+``COURSE_HUB_LEARNERS``        comma-separated hub users allowed to log in          (none)
+``COURSE_HUB_COURSE_ROOT``     the instructors' course root (``solutions/``, ...)   this checkout
+``COURSE_HUB_ADMIN_TOKEN``     token of the ``course-admin`` service (REST API)     no service
+``COURSE_LIB_CACHE``           the converted model cache, passed to every server    course_lib's default
+=============================  ===================================================  ===========================
+
+Course membership lives in hub groups, as nbgrader's ``JupyterHubAuthPlugin`` reads it:
+``formgrade-<course>`` for instructors, ``nbgrader-<course>`` for learners (``nbgrader db student
+add NAME`` run by an instructor adds NAME to it through the hub's API).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from .config import COURSE_ID, WORK
+
+REPO = Path(__file__).resolve().parents[2]
+HUB_DIR = REPO / "autograder" / "hub"
+LEARNER_CONFIG = HUB_DIR / "learner"        # a learner's server reads this folder, then LEARNER_SETTINGS
+LEARNER_SETTINGS = REPO / "jupyter"         # what `make lab` reads: nbgrader's instructor tools off
+INSTRUCTOR_CONFIG = HUB_DIR / "instructor"  # JUPYTER_CONFIG_PATH of an instructor's server
+# `make hub-proxy` installs the pinned configurable-http-proxy (autograder/hub/package.json) here.
+PROXY = REPO / "build" / "hub-node" / "node_modules" / ".bin" / "configurable-http-proxy"
+VENV_BIN = Path(sys.prefix) / "bin"         # the course venv: the hub and every server run in it
+
+DEFAULT_EXCHANGE_ROOT = "/srv/nbgrader/exchange"
+LEARNER_GROUP = f"nbgrader-{COURSE_ID}"
+INSTRUCTOR_GROUP = f"formgrade-{COURSE_ID}"
+
+
+def exchange_root() -> str:
+    return os.environ.get("COURSE_EXCHANGE_ROOT") or DEFAULT_EXCHANGE_ROOT
+
+
+def course_root() -> str:
+    return os.environ.get("COURSE_HUB_COURSE_ROOT") or str(REPO)
+
+
+def names(variable: str, default: str = "") -> list[str]:
+    return [n.strip() for n in os.environ.get(variable, default).split(",") if n.strip()]
+
+
+def proxy_command() -> list[str]:
+    """The pinned proxy from `make hub-proxy`, else one on PATH (npm's global install)."""
+    return [str(PROXY)] if PROXY.exists() else ["configurable-http-proxy"]
+
+
+def configure_nbgrader_exchange(c) -> None:
+    """nbgrader settings every hub user needs: the course, the shared exchange, and course
+    membership from the hub's groups (``JupyterHubAuthPlugin``, which asks the hub's API with the
+    server's own ``JUPYTERHUB_API_TOKEN``)."""
+    from nbgrader.auth import JupyterHubAuthPlugin
+
+    c.CourseDirectory.course_id = COURSE_ID
+    c.Exchange.root = exchange_root()
+    # A learner's fetched copy goes to ~/<course>/<lab>/ (nbgrader's advice with the hub plugin).
+    c.Exchange.path_includes_course = True
+    c.Authenticator.plugin_class = JupyterHubAuthPlugin
+
+
+def identify_learner_by_hub_name(c) -> None:
+    """A learner's submissions and feedback go by their hub name ($JUPYTERHUB_USER), not by the OS
+    user their server runs as. nbgrader names a submission after the OS user (it uses
+    $JUPYTERHUB_USER only for Docker's `jovyan`); with LocalProcessSpawner the two are the same,
+    with one OS user for everyone (SimpleLocalProcessSpawner, containers) they are not."""
+    if os.environ.get("JUPYTERHUB_USER"):
+        c.CourseDirectory.student_id = os.environ["JUPYTERHUB_USER"]
+
+
+def repoint_course_root(c, root: str) -> None:
+    """Move the course config's absolute paths (course root, gradebook, CSV export) to ROOT; the
+    other folders in ``course_grader.config`` are relative to the root and follow it."""
+    root = os.path.abspath(root)
+    c.CourseDirectory.root = root
+    os.makedirs(os.path.join(root, WORK), exist_ok=True)
+    c.CourseDirectory.db_url = "sqlite:///" + os.path.join(root, WORK, "gradebook.db")
+    c.CsvExportPlugin.to = os.path.join(root, WORK, "grades.csv")
