@@ -410,6 +410,23 @@ def test_expected_file_needs_totals_only_for_submitted_pairs(tmp_path):
     assert list(zip(diff["learner"], diff["lab"], diff["expected"], diff["actual"])) == [("ann", "02_b", 5.0, 0.0)]
 
 
+def test_learners_option_grades_only_those_folders_and_checks_only_their_rows(tmp_path):
+    driver = load_driver()
+    for learner in ("ann", "ben", "cy"):
+        (tmp_path / "batch" / learner / "01_a").mkdir(parents=True)
+    rows = driver.find_submissions(tmp_path / "batch", {"01_a"}, ["cy", "ann"])
+    assert [r.learner for r in rows] == ["ann", "cy"]
+    with pytest.raises(driver.InfrastructureError, match="names no folder in .*: dan"):
+        driver.find_submissions(tmp_path / "batch", {"01_a"}, ["ann", "dan"])
+    totals = pd.DataFrame([{"learner": "ann", "lab": "01_a", "score": 3.0, "max_score": 3.0, "error": ""}])
+    expected = tmp_path / "expected.csv"
+    expected.write_text("learner,lab,cell,score\nann,01_a,total,3\nben,01_a,total,1\n")
+    cells = pd.DataFrame(columns=["learner", "lab", "cell", "score"])
+    assert driver.compare_expected(expected, totals, cells, ["ann"]).empty
+    assert list(driver.compare_expected(expected, totals, cells)["learner"]) == ["ben"]   # without the option
+    assert driver.parse_args(["x", "--learners", " ann, cy ,"]).learners == ["ann", "cy"]
+
+
 def _processes_of(work: Path, seed: int) -> list[str]:
     """Processes working in WORK (nbgrader runs in its shard) or carrying the submission's
     COURSE_GRADING_SEED in their environment (nbgrader and the sandboxed kernel)."""

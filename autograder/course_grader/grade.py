@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Grade a folder of lab submissions with stock nbgrader, in parallel, into a CSV.
 
-    python -m course_grader.grade SUBMISSIONS [--jobs N] [--work DIR] [--expected FILE]
-                               [--per-test] [--root DIR] [--cell-timeout S]
-                               [--submission-timeout S]
+    python -m course_grader.grade SUBMISSIONS [--jobs N | --cluster ADDRESS] [--work DIR]
+                               [--expected FILE] [--learners A,B] [--per-test] [--root DIR]
+                               [--cell-timeout S] [--submission-timeout S]
 
 SUBMISSIONS is laid out like nbgrader's ``submitted`` folder:
 ``SUBMISSIONS/{learner}/{lab}/{lab}.ipynb``. Nothing under SUBMISSIONS, ``solutions/`` or
@@ -155,6 +155,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a test whose learner functions reach course_lib's reference for that exercise: "
                              "'flag' lists it in the flags column, 'zero' also scores it 0 (default: the course "
                              "config's CourseJudge.reference_reuse, which is 'flag')")
+    parser.add_argument("--learners", metavar="NAME[,NAME...]", default=None,
+                        help="grade only these learners' folders (comma-separated); --expected then checks only "
+                             "their rows")
     parser.add_argument("--cluster", metavar="ADDRESS", default=None,
                         help="grade on the Dask scheduler at ADDRESS (tcp://host:8786, or a scheduler file .json), one "
                              "task per submission; the workers need this commit's checkout with `make setup model "
@@ -171,6 +174,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.work = (args.work or args.root / "build" / "grading").resolve()
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(4), "little")
+    if args.learners is not None:
+        args.learners = [n for n in (part.strip() for part in args.learners.split(",")) if n]
+        if not args.learners:
+            parser.error("--learners needs at least one name")
     return args
 
 
@@ -285,16 +292,22 @@ def known_labs(root: Path) -> set[str]:
     return {p.name for p in solutions.iterdir() if (p / f"{p.name}.ipynb").is_file()}
 
 
-def find_submissions(submissions: Path, labs_available: set[str]) -> list[Submission]:
+def find_submissions(submissions: Path, labs_available: set[str], only: list[str] | None = None) -> list[Submission]:
     """One Submission per (learner, lab) for every lab anyone submitted; bad ones carry an error.
 
     A learner without a folder for a lab that others submitted gets a row with the
-    error "not submitted" and score 0.
+    error "not submitted" and score 0. ONLY (``--learners``) keeps just those learners' folders;
+    a name with no folder is an InfrastructureError.
     """
     if not submissions.is_dir():
         raise InfrastructureError(f"submissions folder {submissions} does not exist")
     learners = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.is_symlink()
                       and not p.name.startswith("."))
+    if only is not None:
+        absent = sorted(set(only) - {p.name for p in learners})
+        if absent:
+            raise InfrastructureError(f"--learners names no folder in {submissions}: {', '.join(absent)}")
+        learners = [p for p in learners if p.name in only]
     if not learners:
         raise InfrastructureError(f"no learner folders in {submissions}")
     labs = sorted({lab.name for learner in learners for lab in learner.iterdir()
@@ -910,8 +923,9 @@ def read_csv_text(path: Path) -> pd.DataFrame:
     return pd.read_csv(path, dtype=str, keep_default_na=False)
 
 
-def compare_expected(expected_path: Path, totals: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
-    """Rows where the scores differ from the expected file.
+def compare_expected(expected_path: Path, totals: pd.DataFrame, cells: pd.DataFrame,
+                     learners: list[str] | None = None) -> pd.DataFrame:
+    """Rows where the scores differ from the expected file (only LEARNERS' rows when given).
 
     The expected file is a CSV with columns learner, lab, score and optionally cell. A
     row whose cell is empty or "total" is checked against the notebook total; any other
@@ -930,6 +944,8 @@ def compare_expected(expected_path: Path, totals: pd.DataFrame, cells: pd.DataFr
     if "cell" not in expected.columns:
         expected["cell"] = TOTAL
     expected["cell"] = expected["cell"].replace("", TOTAL)
+    if learners is not None:
+        expected = expected[expected["learner"].isin(learners)]
 
     actual = {(r.learner, r.lab, TOTAL): r.score for r in totals.itertuples()}
     actual.update({(r.learner, r.lab, r.cell): r.score for r in cells.itertuples()})
@@ -979,7 +995,7 @@ def run(args: argparse.Namespace) -> int:
         import nbgrader  # noqa: F401  (fail early and clearly when it is not installed)
     except ImportError as exc:
         raise InfrastructureError(f"nbgrader is not importable by {sys.executable}: {exc}") from exc
-    rows = find_submissions(args.submissions, known_labs(args.root))
+    rows = find_submissions(args.submissions, known_labs(args.root), args.learners)
     labs = sorted({r.lab for r in rows if r.folder is not None and not r.error.startswith("unknown lab")})
     if not labs:
         raise InfrastructureError(f"none of the submitted labs has a source in {args.root / 'solutions'}")
@@ -1092,7 +1108,7 @@ def _grade(args: argparse.Namespace, rows: list[Submission], labs: list[str], sa
         print(unsafe)
 
     if args.expected is not None:
-        differences = compare_expected(args.expected, totals, cells)
+        differences = compare_expected(args.expected, totals, cells, args.learners)
         if not differences.empty:
             print(f"\nScores differ from {args.expected}:\n" + show(differences))
             return EXIT_MISMATCH
