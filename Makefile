@@ -101,7 +101,11 @@ run: model sandbox
 # are test-full's; CI (.ci/run) runs make test, then them.
 test: model test-lib test-notebooks test-grading-core test-browser
 
-test-full: test test-grading test-hostile
+# one after the other, also under make -j: test-hostile checks the gradebook test-grading wrote
+test-full:
+	$(MAKE) --no-print-directory test
+	$(MAKE) --no-print-directory test-grading
+	$(MAKE) --no-print-directory test-hostile
 
 # While editing: unit tests only (no kernels, sandboxes, nbgrader or real-model runs), on every core.
 test-fast: setup
@@ -116,8 +120,9 @@ test-lib: setup sandbox hub-proxy
 test-notebooks: setup
 	$(ONE_THREAD) $(NBVAL) -n $(TEST_JOBS) --dist loadfile solutions
 
-# The grading pipeline end to end on every lab: its solution and its untouched release, each graded
-# cell against expected_scores.csv (test-grading grades every sample, the injected faults included).
+# The grading pipeline end to end on every lab: its solution (full marks, so every graded cell
+# passed) and its untouched release (0), totals against expected_scores.csv; test-grading grades
+# every sample, the injected faults included.
 CORE_SAMPLES := solution,release
 test-grading-core: setup sandbox
 	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --per-test \

@@ -100,11 +100,19 @@ def kill_the_worker_grading(learner: str, scratch: Path, timeout: float = 120) -
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for task in scratch.rglob(f"course-grading-*/{cluster.TASK_FILE}"):
+        try:        # other tasks' folders come and go while this looks
+            tasks = list(scratch.rglob(f"course-grading-*/{cluster.TASK_FILE}"))
+        except OSError:
+            tasks = []
+        for task in tasks:
             folder = task.parent
             log = folder / "nbgrader.log"
-            if (folder / "submitted" / learner).is_dir() and log.is_file() and "Autograding" in log.read_text():
+            try:
+                started = (folder / "submitted" / learner).is_dir() and "Autograding" in log.read_text()
                 pid = json.loads(task.read_text())["pid"]
+            except (OSError, ValueError):
+                continue
+            if started:
                 time.sleep(2)                                     # the kernel is in the sleeping cell
                 worker = psutil.Process(pid)
                 for proc in worker.children(recursive=True) + [worker]:
@@ -112,6 +120,8 @@ def kill_the_worker_grading(learner: str, scratch: Path, timeout: float = 120) -
                         proc.kill()
                     except psutil.NoSuchProcess:
                         pass
+                worker.wait(timeout=30)
+                assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
                 return pid
         time.sleep(0.2)
     raise AssertionError(f"no worker started grading {learner} within {timeout} s")
@@ -139,7 +149,10 @@ def test_a_worker_killed_mid_task_has_its_submission_graded_elsewhere_once(tmp_p
     assert grades.loc["slow", "score"] == 3 and grades.loc["slow", "error"] == ""
     assert grades.loc["quick", "score"] == 3 and grades.loc["wrong", "score"] == 0
     assert submissions_in_gradebook(work) == sorted((l, LAB) for l in ("quick", "slow", "wrong"))
-    assert killed > 0
+    timings = read_grades(work, "timings.csv").set_index("learner")
+    # graded again by another worker process than the one killed, and listed once
+    assert timings.loc["slow", "graded_on"].endswith(")") and f"(pid {killed})" not in timings.loc["slow", "graded_on"]
+    assert sorted(timings.index) == ["quick", "slow", "wrong"]
 
 
 @pytest.mark.slow
@@ -201,8 +214,16 @@ def test_the_worker_check_names_each_worker_that_differs_or_cannot_grade():
 
 
 def test_a_task_from_a_driver_with_other_code_is_refused_by_the_worker():
-    with pytest.raises(grade.InfrastructureError, match="other course code"):
+    with pytest.raises(cluster.WorkerUnfit, match="other course code"):
         cluster.grade_task({"fingerprint": "f" * 64})
+
+
+@pytest.mark.parametrize("address, message", [("http://host:8786", "give the scheduler's address"),
+                                              ("/nowhere/scheduler.json", "no such scheduler file")])
+def test_a_cluster_address_that_cannot_work_is_refused_at_once(capsys, address, message):
+    with pytest.raises(SystemExit):
+        grade.parse_args(["somewhere", "--cluster", address])
+    assert message in capsys.readouterr().err
 
 
 def test_the_shard_archive_keeps_files_and_refuses_links_out(tmp_path):
@@ -222,6 +243,15 @@ def test_the_shard_archive_keeps_files_and_refuses_links_out(tmp_path):
         tar.addfile(info)
     with pytest.raises(tarfile.TarError):
         cluster.unpack(buffer.getvalue(), tmp_path / "c")
+    # a relative link that stays inside the folder is refused too: the merge would follow it
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        info = tarfile.TarInfo("autograded")
+        info.type, info.linkname = tarfile.SYMTYPE, "source"
+        tar.addfile(info)
+    with pytest.raises(tarfile.TarError, match="not a regular file"):
+        cluster.unpack(buffer.getvalue(), tmp_path / "d")
+    assert not (tmp_path / "d" / "autograded").exists()
 
 
 def test_cluster_and_jobs_do_not_go_together(capsys):

@@ -173,13 +173,15 @@ def test_hub_config_reads_its_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_HUB_STATE", str(tmp_path / "state"))
     monkeypatch.setenv("COURSE_HUB_PORT", "9123")
     monkeypatch.setenv("COURSE_HUB_LEARNERS", "ann, bo")
+    monkeypatch.setenv("COURSE_HUB_INSTRUCTORS", "teacher")
     monkeypatch.setenv("COURSE_HUB_ADMIN_TOKEN", "t0ken")
     c = PyFileConfigLoader("jupyterhub_config.py", str(ROOT / "autograder" / "hub")).load_config()
-    assert c.JupyterHub.bind_url == "http://:9123"
+    assert c.JupyterHub.bind_url == "http://127.0.0.1:9123"             # loopback unless COURSE_HUB_IP says
+    assert c.Authenticator.allow_existing_users is False
     assert c.Spawner.cmd == [str(BIN / "jupyterhub-singleuser")]
     assert c.Spawner.environment["COURSE_EXCHANGE_ROOT"] == str(tmp_path / "x")
-    assert c.Authenticator.allowed_users == {"instructor", "ann", "bo"}
-    assert c.JupyterHub.load_groups == {INSTRUCTOR_GROUP: {"users": ["instructor"]}, LEARNER_GROUP: {"users": []}}
+    assert c.Authenticator.allowed_users == {"teacher", "ann", "bo"}
+    assert c.JupyterHub.load_groups == {INSTRUCTOR_GROUP: {"users": ["teacher"]}, LEARNER_GROUP: {"users": []}}
     assert [s["name"] for s in c.JupyterHub.services] == ["course-admin"]
     assert (tmp_path / "state").is_dir()
 
@@ -294,7 +296,12 @@ def test_exchange_cycle_through_the_hub(hub):
     assert hub.user("instructor", "GET", "/formgrader/api/status").ok
     assert hub.user("learner_a", "GET", "/formgrader/api/status").status_code == 404
     lab_page = hub.user("learner_a", "GET", "/lab").text
-    assert "@jupyter/nbgrader:create-assignment" in lab_page and "@jupyter/nbgrader:formgrader" in lab_page
+    page_config = json.loads(re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>',
+                                       lab_page, re.S).group(1))
+    disabled = page_config["disabledExtensions"]
+    disabled = {k for k, v in disabled.items() if v} if isinstance(disabled, dict) else set(disabled)
+    assert {"@jupyter/nbgrader:create-assignment", "@jupyter/nbgrader:formgrader",
+            "@jupyter/nbgrader:course-list"} <= disabled, disabled
     groups = {g["name"]: g["users"] for g in hub.api("GET", "/groups")}
     assert groups[INSTRUCTOR_GROUP] == ["instructor"] and groups[LEARNER_GROUP] == []
 

@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     if stock is not None:
         print(f"stock serial nbgrader autograde:             {stock[0]:.1f} s (no sandbox, no judge)")
 
-    scores = {"jobs1": table1.set_index(["learner", "lab"]).score, "jobs2": table2.set_index(["learner", "lab"]).score}
+    scores = {"jobs1": table1.set_index(["learner", "lab"]).score.astype(float),
+              "jobs2": table2.set_index(["learner", "lab"]).score.astype(float)}
     if stock is not None:
         scores["stock"] = pd.Series(stock[1])
     compared = pd.DataFrame(scores)

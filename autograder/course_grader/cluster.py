@@ -55,8 +55,8 @@ RESULT_FIELDS = ("error", "score", "max_score", "cells", "comments", "graded", "
 #: What a worker's report must agree on with the driver's.
 MATCHED = ("fingerprint", "python", "nbgrader")
 #: Environment variables of the driver that the worker's nbgrader processes get too (nbgrader_env
-#: sets COURSE_QUICK; the seeds travel in the row).
-FORWARDED_ENV = ("COURSE_QUICK",)
+#: sets COURSE_QUICK; thread counts the instructor set; the seeds travel in the row).
+FORWARDED_ENV = ("COURSE_QUICK", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 #: The shard's config is the worker's own (its paths); the driver's copy stays home.
 CONFIG = "nbgrader_config.py"
 #: The driver has these already: the worker sends back only what grading wrote.
@@ -127,22 +127,48 @@ def pack(folder: Path, leave_out: tuple[str, ...] = ()) -> bytes:
     return buffer.getvalue()
 
 
+def _files_and_folders_only(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
+    """tarfile's "data" filter (no absolute paths, nothing outside the folder), and then no links,
+    devices or fifos at all: a relative link inside the archive could still point the driver's merge
+    at the staged solution."""
+    member = tarfile.data_filter(member, path)
+    if not (member.isfile() or member.isdir()):
+        raise tarfile.FilterError(f"{member.name!r} is not a regular file or folder")
+    return member
+
+
 def unpack(data: bytes, folder: Path) -> None:
-    """Extract an archive made by ``pack`` into FOLDER, refusing links, devices and paths that leave it
-    (tarfile's "data" filter)."""
+    """Extract an archive made by ``pack`` into FOLDER. Raises tarfile.TarError (FilterError) for a
+    member that is a link, a device or a fifo, or whose path leaves FOLDER."""
     folder.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        tar.extractall(folder, filter="data")
+        tar.extractall(folder, filter=_files_and_folders_only)
+
+
+@functools.lru_cache(maxsize=None)
+def _fitness(allow_unsafe: bool) -> tuple[str, ...]:
+    """This worker process's problems (``worker_report``), checked once per process: a worker that
+    joined after the driver's check (a restart, adaptive scaling, a batch job starting late)."""
+    return tuple(worker_report(allow_unsafe)["problems"])
+
+
+class WorkerUnfit(RuntimeError):
+    """A worker that cannot grade (no sandbox, no model, other course code): the driver records the
+    row as an error naming it, never as a score."""
 
 
 def grade_task(payload: dict) -> dict:
     """A worker's half: grade one staged shard (see the module docstring); returns the row with its
-    results and the graded shard's archive. Raises InfrastructureError when this worker's course code
-    is not the driver's (a worker started after the check, from another checkout)."""
+    results and the graded shard's archive. Raises WorkerUnfit when this worker's course code is not the
+    driver's or it cannot grade (``worker_report``'s problems, checked once per worker process: a worker
+    may have joined after the driver's check)."""
     mine = code_fingerprint()
     if payload["fingerprint"] != mine:
-        raise grade.InfrastructureError(f"worker on {socket.gethostname()} ({REPO_ROOT}) runs other course code "
-                                        f"(fingerprint {mine[:12]}, driver {payload['fingerprint'][:12]})")
+        raise WorkerUnfit(f"worker on {socket.gethostname()} ({REPO_ROOT}) runs other course code "
+                          f"(fingerprint {mine[:12]}, driver {payload['fingerprint'][:12]})")
+    problems = _fitness(bool(payload.get("allow_unsafe", False)))
+    if problems:
+        raise WorkerUnfit(f"worker on {socket.gethostname()} ({REPO_ROOT}) cannot grade: {'; '.join(problems)}")
     row: grade.Submission = payload["row"]
     base = None
     try:
@@ -158,9 +184,11 @@ def grade_task(payload: dict) -> dict:
         grade.write_course_config(folder, payload["cell_timeout"], payload["sandbox_lines"])
         env = grade.nbgrader_env(1)
         env.update(payload["env"])
+        # a share of this machine's cores per kernel; set even where the environment has a value,
+        # since Dask's nanny sets these to 1 in every worker (distributed.nanny.pre-spawn-environ)
         share = str(max(1, (os.cpu_count() or 1) // max(1, payload["threads_on_host"].get(socket.gethostname(), 1))))
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            env.setdefault(var, share)
+            env[var] = payload["env"].get(var, share)
         row.shard = folder
         start = time.monotonic()
         try:
@@ -172,7 +200,7 @@ def grade_task(payload: dict) -> dict:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return {"results": {name: getattr(row, name) for name in RESULT_FIELDS}, "archive": archive,
-            "where": socket.gethostname()}
+            "where": f"{socket.gethostname()} (pid {os.getpid()})"}
 
 
 class Cluster:
@@ -191,15 +219,18 @@ class Cluster:
 
     def __init__(self, address: str, sandbox_lines: list[str], cell_timeout: int | None,
                  allow_unsafe: bool = False, connect_timeout: float = 60.0) -> None:
-        from distributed import Client
-
+        try:
+            from distributed import Client
+        except ImportError as exc:
+            raise grade.InfrastructureError(f"--cluster needs Dask's distributed ({exc}); it is in the course's "
+                                            "dev extra (make setup installs it)") from None
         self.sandbox_lines, self.cell_timeout, self.allow_unsafe = list(sandbox_lines), cell_timeout, allow_unsafe
         try:
             if address.endswith(".json"):
                 self.client = Client(scheduler_file=address, timeout=connect_timeout)
             else:
                 self.client = Client(address, timeout=connect_timeout)
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, ValueError) as exc:
             raise grade.InfrastructureError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
         try:
             self.client.wait_for_workers(1, timeout=connect_timeout)
@@ -233,38 +264,69 @@ class Cluster:
         return reports
 
     def grade(self, course: Path, rows: list, course_id: str, timeout: float):
-        """Stage, submit and collect every row's shard; yields (row, exception or None, worker host) as
-        each ends (``grade.report_outcomes`` reads them). Cancels what is left if the driver stops."""
+        """Stage, submit and collect every row's shard; yields (row, exception or None, worker) as each
+        ends (``grade.report_outcomes`` reads them). At most as many tasks are out as the workers have
+        threads, so a worker that dies takes down only the task it was running (Dask marks every task
+        held by a dead worker as suspect), and each result is released once it is unpacked. A row whose
+        staging, task or unpacking fails gets that error; the batch goes on. Cancels what is left if the
+        driver stops."""
         from distributed import as_completed
 
         hosts: dict[str, int] = {}           # threads of all workers on each machine: each gets a share of its cores
         names = self.client.run(socket.gethostname)
-        for address, info in self.workers().items():
+        workers = self.workers()
+        for address, info in workers.items():
             host = names.get(address, "")
             hosts[host] = hosts.get(host, 0) + int(info.get("nthreads", 1))
         env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
         env.setdefault("COURSE_QUICK", grade.nbgrader_env(1)["COURSE_QUICK"])
-        futures = {}
-        for row in rows:
-            grade.stage_shard(course, row)
-            remote_row = dataclasses.replace(row, folder=None, shard=None)
-            payload = {"archive": pack(row.shard, leave_out=(CONFIG,)), "row": remote_row, "course_id": course_id,
-                       "timeout": timeout, "cell_timeout": self.cell_timeout, "sandbox_lines": self.sandbox_lines,
-                       "env": env, "fingerprint": code_fingerprint(), "threads_on_host": hosts}
-            key = f"grade-{row.shard.name}-{uuid.uuid4().hex[:8]}"
-            futures[self.client.submit(grade_task, payload, key=key, pure=False, retries=0)] = row
+        slots = max(1, sum(int(info.get("nthreads", 1)) for info in workers.values()))
+        waiting = list(rows)
+        out: dict = {}
+        running = as_completed()
+
+        def submit_next() -> tuple | None:
+            """Stage and submit the next row; a row that cannot be staged comes back as (row, error)."""
+            row = waiting.pop(0)
+            try:
+                grade.stage_shard(course, row)
+                payload = {"archive": pack(row.shard, leave_out=(CONFIG,)),
+                           "row": dataclasses.replace(row, folder=None, shard=None), "course_id": course_id,
+                           "timeout": timeout, "cell_timeout": self.cell_timeout, "sandbox_lines": self.sandbox_lines,
+                           "env": env, "fingerprint": code_fingerprint(), "threads_on_host": hosts,
+                           "allow_unsafe": self.allow_unsafe}
+            except Exception as exc:          # an unreadable file of the learner's, a full disk
+                return row, exc
+            future = self.client.submit(grade_task, payload, key=f"grade-{row.shard.name}-{uuid.uuid4().hex[:8]}",
+                                        pure=False, retries=0)
+            out[future] = row
+            running.add(future)
+            return None
+
         try:
-            for future in as_completed(list(futures)):
-                row = futures[future]
+            while waiting or out:
+                while waiting and len(out) < slots:
+                    failed = submit_next()
+                    if failed is not None:
+                        yield failed[0], failed[1], ""
+                if not out:
+                    continue
+                future = next(running)
+                row = out.pop(future)
                 try:
                     answer = future.result()
-                except Exception as exc:      # KilledWorker, a worker's InfrastructureError, a lost connection
+                    graded = row.shard.with_name(row.shard.name + ".graded")
+                    unpack(answer["archive"], graded)      # all or nothing: then it replaces the staged shard
+                    shutil.rmtree(row.shard)
+                    graded.rename(row.shard)
+                except Exception as exc:      # KilledWorker, WorkerUnfit, a lost connection, a bad archive
+                    shutil.rmtree(row.shard.with_name(row.shard.name + ".graded"), ignore_errors=True)
                     yield row, exc, ""
                     continue
+                finally:
+                    future.release()
                 for name, value in answer["results"].items():
                     setattr(row, name, value)
-                unpack(answer["archive"], row.shard)
                 yield row, None, answer["where"]
         finally:
-            self.client.cancel([f for f in futures if not f.done()])
-
+            self.client.cancel([f for f in out if not f.done()])

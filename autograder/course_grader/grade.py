@@ -169,6 +169,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--jobs must be at least 1")
     if args.cluster is not None and args.jobs != 1:
         parser.error("--cluster and --jobs do not go together: the cluster's workers decide how many run at once")
+    if args.cluster is not None:
+        if args.cluster.endswith(".json"):
+            if not Path(args.cluster).is_file():
+                parser.error(f"--cluster {args.cluster}: no such scheduler file")
+        elif not re.match(r"^(tcp|tls|inproc|ucx)://[^/]+$", args.cluster):
+            parser.error(f"--cluster {args.cluster!r}: give the scheduler's address (tcp://HOST:PORT, "
+                         "tls://HOST:PORT) or a scheduler file (.json)")
     args.root = args.root.resolve()
     args.submissions = args.submissions.resolve()
     args.work = (args.work or args.root / "build" / "grading").resolve()
@@ -882,8 +889,10 @@ def totals_table(rows: list[Submission]) -> pd.DataFrame:
 
 
 def timings_table(rows: list[Submission]) -> pd.DataFrame:
-    """learner, lab, seconds (its shard: staging, autograde and judge, on whichever machine), graded_on
-    (the cluster worker's host; empty on this machine), one row per submission that was graded or tried."""
+    """learner, lab, seconds, graded_on: one row per submission that was graded or tried. On this
+    machine seconds cover copying its shard, autograde and the judge, and graded_on is empty; on a
+    cluster they are the worker's time for autograde and the judge (not staging, transfer or queueing)
+    and graded_on is "host (pid N)" of the worker process, empty for a task that never came back."""
     tried = [r for r in rows if r.shard is not None]
     return pd.DataFrame([{"learner": printable(r.learner), "lab": printable(r.lab), "seconds": round(r.seconds, 3),
                           "graded_on": r.graded_on} for r in tried], columns=["learner", "lab", "seconds", "graded_on"])

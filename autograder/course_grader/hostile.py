@@ -4,7 +4,7 @@
     python -m course_grader.hostile build   (re)write autograder/hostile/ from autograder/samples/
     python -m course_grader.hostile check   grade autograder/hostile/ and check what must not change
     python -m course_grader.hostile fresh   exit 1 if autograder/hostile/ differs from a fresh build
-                                          (`make test-hostile`, part of `make test`)
+                                          (`make test-hostile`, part of `make test-full`)
 
 ``build`` starts from the sample solutions (``autograder/samples/solution``, made by
 ``course_grader.samples``) and applies one attack per learner (HOSTILE below). Most attacks sit on top of

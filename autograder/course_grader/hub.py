@@ -9,11 +9,12 @@ variable                       meaning                                          
 =============================  ===================================================  ===========================
 ``COURSE_EXCHANGE_ROOT``       nbgrader's exchange (release, inbound, feedback)     ``/srv/nbgrader/exchange``
 ``COURSE_HUB_STATE``           the hub's database, cookie secret, pid file          ``/srv/jupyterhub``
-``COURSE_HUB_IP``              address the hub's proxy listens on                   all interfaces
+``COURSE_HUB_IP``              address the hub's proxy listens on                   ``127.0.0.1``
 ``COURSE_HUB_PORT``            its port                                             8000
 ``COURSE_HUB_API_PORT``        the hub's own API (loopback)                         8081
 ``COURSE_HUB_PROXY_API_PORT``  the proxy's API (loopback)                           8001
-``COURSE_HUB_INSTRUCTORS``     comma-separated hub users in ``formgrade-<course>``  ``instructor``
+``COURSE_HUB_INSTRUCTORS``     comma-separated hub users in ``formgrade-<course>``  (none)
+``COURSE_HUB_SSL_CERT``/``KEY`` the hub's TLS certificate and key (https)            plain http
 ``COURSE_HUB_LEARNERS``        comma-separated hub users allowed to log in          (none)
 ``COURSE_HUB_COURSE_ROOT``     the instructors' course root (``solutions/``, ...)   this checkout
 ``COURSE_HUB_ADMIN_TOKEN``     token of the ``course-admin`` service (REST API)     no service

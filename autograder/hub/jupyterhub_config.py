@@ -18,14 +18,22 @@ import os
 
 from course_grader.config import COURSE_ID
 from course_grader.hub import (INSTRUCTOR_CONFIG, INSTRUCTOR_GROUP, LEARNER_CONFIG, LEARNER_GROUP,
-                               LEARNER_SETTINGS, VENV_BIN, course_root, exchange_root, names, proxy_command)
+                               LEARNER_SETTINGS, REPO, VENV_BIN, course_root, exchange_root, names,
+                               proxy_command)
 
 c = get_config()  # noqa: F821 (injected by traitlets)
 
 # -- where the hub listens and keeps its state ----------------------------------------------------
 state = os.environ.get("COURSE_HUB_STATE") or "/srv/jupyterhub"
 os.makedirs(state, exist_ok=True)
-c.JupyterHub.bind_url = "http://{}:{}".format(os.environ.get("COURSE_HUB_IP", ""), os.environ.get("COURSE_HUB_PORT", "8000"))
+# loopback unless told otherwise: PAM passwords must not cross a network in plain HTTP, so serve other
+# machines through a TLS reverse proxy, or give the hub a certificate (COURSE_HUB_SSL_CERT/KEY)
+c.JupyterHub.bind_url = "{}://{}:{}".format("https" if os.environ.get("COURSE_HUB_SSL_CERT") else "http",
+                                            os.environ.get("COURSE_HUB_IP", "127.0.0.1"),
+                                            os.environ.get("COURSE_HUB_PORT", "8000"))
+if os.environ.get("COURSE_HUB_SSL_CERT"):
+    c.JupyterHub.ssl_cert = os.environ["COURSE_HUB_SSL_CERT"]
+    c.JupyterHub.ssl_key = os.environ["COURSE_HUB_SSL_KEY"]
 c.JupyterHub.hub_ip = "127.0.0.1"
 c.JupyterHub.hub_port = int(os.environ.get("COURSE_HUB_API_PORT", "8081"))
 c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{}".format(os.environ.get("COURSE_HUB_PROXY_API_PORT", "8001"))
@@ -36,10 +44,13 @@ c.JupyterHub.pid_file = os.path.join(state, "jupyterhub.pid")
 c.ConfigurableHTTPProxy.pid_file = os.path.join(state, "jupyterhub-proxy.pid")
 
 # -- who may log in, and the course groups nbgrader's JupyterHubAuthPlugin reads ------------------
-instructors = names("COURSE_HUB_INSTRUCTORS", "instructor")
+instructors = names("COURSE_HUB_INSTRUCTORS")   # no default: an account named "instructor" gets nothing
 learners = names("COURSE_HUB_LEARNERS")
 c.Authenticator.allowed_users = set(instructors) | set(learners)
-c.Authenticator.allow_existing_users = True  # users an admin adds on the hub's admin page may log in too
+# Only the users named here: someone removed from the variables can no longer log in. (Group
+# memberships stay in the hub's database: remove a former instructor from formgrade-<course> on the
+# admin page or through the REST API.)
+c.Authenticator.allow_existing_users = False
 c.Authenticator.admin_users = set(names("COURSE_HUB_ADMINS"))
 # Learners join nbgrader-<course> when an instructor runs `nbgrader db student add NAME` (the
 # plugin adds them through the hub's API); load_groups only ever adds members.
@@ -107,3 +118,13 @@ def _server_token_scopes(spawner):
 
 c.Spawner.pre_spawn_hook = _role_environment
 c.Spawner.server_token_scopes = _server_token_scopes
+
+
+# Learners' servers run this checkout's venv, so under LocalProcessSpawner each learner's account
+# can read what the checkout's permissions allow: keep the solutions and grading folders private
+# (autograder/README.md, "Running a course hub").
+for _private in ("solutions", "autograder/samples", "autograder/hostile", "autograder/work"):
+    _path = os.path.join(str(REPO), _private)
+    if os.path.exists(_path) and os.stat(_path).st_mode & 0o004:
+        print(f"jupyterhub_config.py: WARNING: {_path} is readable by every account; learners' servers can "
+              f"read it (chmod -R o-rwx {_path})", flush=True)
