@@ -113,10 +113,10 @@ test-fast: setup
 
 # test-lib and test-notebooks run TEST_JOBS pytest workers (pytest-xdist), each computing on one
 # thread (tests/conftest.py; ONE_THREAD for the notebooks' kernels): two workers on two threads each
-# spin against each other. test-lib spreads tests one by one, keeping the tests of an expensive
-# module fixture together (tests/conftest.py); nbval keeps each notebook on one worker.
+# spin against each other. Each test file (a module fixture is built once) and each notebook runs
+# on one worker.
 test-lib: setup sandbox hub-proxy
-	$(BIN)/python -m pytest tests -q -n $(TEST_JOBS) --dist loadgroup -p no:cacheprovider
+	$(BIN)/python -m pytest tests -q -n $(TEST_JOBS) --dist loadfile -p no:cacheprovider
 
 test-notebooks: setup
 	$(ONE_THREAD) $(NBVAL) -n $(TEST_JOBS) --dist loadfile solutions

@@ -14,25 +14,3 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch
 
     torch.set_num_threads(1)
-
-
-# `make test-lib` runs `-n 2 --dist loadgroup`: tests are spread one by one over the workers, except
-# that the tests sharing an expensive module-scoped fixture stay on one worker (the fixture is built
-# once). Such a module's tests form one group; test_notebook_run's form one group per lab, since its
-# fixture executes one release notebook per parameter.
-GROUPED_MODULES = {"test_notebook_run": "executed", "test_grading_pipeline": None, "test_hub_exchange": None,
-                   "test_judge": None, "test_jupyter_env": None, "test_contract_messages": None,
-                   "test_artifacts": None, "test_grading_cluster": None}
-
-
-def pytest_collection_modifyitems(config, items):
-    import pytest
-
-    for item in items:
-        module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else ""
-        if module not in GROUPED_MODULES:
-            continue
-        fixture = GROUPED_MODULES[module]
-        callspec = getattr(item, "callspec", None)
-        suffix = f"[{callspec.params[fixture]}]" if fixture and callspec and fixture in callspec.params else ""
-        item.add_marker(pytest.mark.xdist_group(module + suffix))

@@ -31,7 +31,7 @@ SEED = 11
 def local_cluster(tmp_path: Path, **kwargs):
     from distributed import LocalCluster
 
-    return LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+    return LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                         local_directory=str(tmp_path / "dask"), **kwargs)
 
 

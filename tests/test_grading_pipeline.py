@@ -23,9 +23,9 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 # Runs notebooks through nbgrader (about 100 s on 2 cores). The module-scoped fixture
-# below grades once per process: under pytest-xdist's `--dist loadgroup` (make test-lib) one worker
-# runs all of these tests (tests/conftest.py groups them) instead of each grading.
-pytestmark = pytest.mark.slow
+# below grades once per process: under pytest-xdist use `--dist loadgroup` (or
+# loadscope/loadfile) so one worker runs all of these tests instead of each grading.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("grading_pipeline")]
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = [sys.executable, "-m", "course_grader.grade"]
