@@ -188,7 +188,8 @@ def grade_task(payload: dict) -> dict:
         # since Dask's nanny sets these to 1 in every worker (distributed.nanny.pre-spawn-environ)
         share = str(max(1, (os.cpu_count() or 1) // max(1, payload["threads_on_host"].get(socket.gethostname(), 1))))
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            env[var] = payload["env"].get(var, share)
+            if var not in payload["env"]:         # the instructor's own setting came with the payload
+                env[var] = share
         row.shard = folder
         start = time.monotonic()
         try:
@@ -313,14 +314,14 @@ class Cluster:
                     continue
                 future = next(running)
                 row = out.pop(future)
+                graded = row.shard.with_name(row.shard.name + ".graded")
                 try:
                     answer = future.result()
-                    graded = row.shard.with_name(row.shard.name + ".graded")
                     unpack(answer["archive"], graded)      # all or nothing: then it replaces the staged shard
                     shutil.rmtree(row.shard)
                     graded.rename(row.shard)
                 except Exception as exc:      # KilledWorker, WorkerUnfit, a lost connection, a bad archive
-                    shutil.rmtree(row.shard.with_name(row.shard.name + ".graded"), ignore_errors=True)
+                    shutil.rmtree(graded, ignore_errors=True)
                     yield row, exc, ""
                     continue
                 finally:
