@@ -22,16 +22,51 @@ string or a list of lines, ``metadata``), so an ``nbformat`` node and ``json.loa
 from __future__ import annotations
 
 import ast
+import gc
 import inspect
 import re
 import sys
+import time
 from dataclasses import dataclass
 from numbers import Real
 from typing import Any, Mapping
 
-__all__ = ["Exercise", "ExerciseNeeded", "exercises", "points_table", "requires", "is_unsolved_stub"]
+__all__ = ["Exercise", "ExerciseNeeded", "exercises", "points_table", "requires", "is_unsolved_stub",
+           "parse_python"]
 
 _HEADING = re.compile(r"^##\s+(\d+)\.", re.MULTILINE)   # "## 4. Prefill: ..." -> section "4"
+
+
+def parse_python(source: str, filename: str = "<unknown>") -> ast.Module:
+    """``ast.parse(SOURCE, FILENAME)``, tried up to 3 times in all (the later tries with the garbage
+    collector paused) when it raises a spurious ``SystemError``.
+
+    CPython 3.11 before 3.11.8 keeps the AST converter's recursion depth in state shared by all
+    threads, so a parse can raise ``SystemError: AST constructor recursion depth mismatch`` when
+    another thread converts an AST at the same moment (python/cpython#106905). Python 3.11 also
+    parses source while it formats a traceback, so any thread that logs an exception (a kernel
+    manager, an event loop, a Dask worker) can set it off. The text was fine: a second parse of
+    it succeeds.
+
+    Raises:
+        SyntaxError, ValueError: as ``ast.parse``.
+        SystemError: when the last try fails too.
+    """
+    tries = 3
+    for attempt in range(tries):
+        paused = attempt > 0 and gc.isenabled()
+        if attempt:
+            time.sleep(0.01 * attempt)   # let the other thread's conversion finish
+        if paused:
+            gc.disable()
+        try:
+            return ast.parse(source, filename)
+        except SystemError:
+            if attempt == tries - 1:
+                raise
+        finally:
+            if paused:
+                gc.enable()
 
 
 @dataclass(frozen=True)
@@ -119,7 +154,7 @@ def exercises(nb: Mapping) -> tuple[Exercise, ...]:
             raise ValueError(f"cell {index}: grade_id {grade_id!r} is repeated")
         seen.add(grade_id)
         if meta.get("solution"):
-            tree = ast.parse(text, f"<solution cell {grade_id}>")
+            tree = parse_python(text, f"<solution cell {grade_id}>")
             functions = tuple(node.name for node in tree.body
                               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
             if not functions:

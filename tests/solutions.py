@@ -13,6 +13,7 @@ import ast
 # one reader of the source notebooks, shared with the sample builder
 from course_grader.samples import solution_sources, test_points  # noqa: F401
 from course_grader.samples import source_notebook as notebook
+from course_lib.exercises import parse_python
 
 
 def _imports(lab: str) -> str:
@@ -23,7 +24,7 @@ def _imports(lab: str) -> str:
         if cell.cell_type != "code" or meta.get("solution"):
             continue
         try:
-            tree = ast.parse(cell.source)
+            tree = parse_python(cell.source)
         except SyntaxError:  # IPython magics: a set-up cell with them has no imports we need
             continue
         lines += [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from course_lib.exercises import parse_python
+
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = [ROOT / "course_lib", ROOT / "autograder" / "course_grader", ROOT / "tests"]
 OURS = ("course_lib", "course_grader", "solutions")
@@ -21,7 +23,7 @@ def _ours(module: str | None, level: int) -> bool:
 
 def crossings(source: str, label: str) -> list[str]:
     """``label:line name`` for each private name of another of our modules that ``source`` uses."""
-    tree = ast.parse(source, label)
+    tree = parse_python(source, label)
     modules: set[str] = set()     # local names bound to our modules (import x.y as m, from x import y)
     found = []
     for node in ast.walk(tree):

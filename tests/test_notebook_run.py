@@ -19,6 +19,7 @@ import pytest
 from nbclient import NotebookClient
 
 from course_grader.samples import ROOT, labs
+from course_lib.exercises import parse_python
 
 pytestmark = pytest.mark.slow   # starts a kernel per lab and runs every cell (about a minute each)
 
@@ -27,7 +28,7 @@ LABS = labs()
 
 def _requires(source: str):
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError:
         return None
     first = tree.body[0] if tree.body else None

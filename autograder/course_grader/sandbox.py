@@ -1277,6 +1277,8 @@ if _Execute is not None:
 
             while True:
                 await asyncio.sleep(1)
+                if self.kc is None:   # the client was cleaned up while this poll slept
+                    return
                 try:
                     await self._async_check_alive()
                 except DeadKernelError:
