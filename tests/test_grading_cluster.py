@@ -178,12 +178,32 @@ def test_with_no_retry_allowed_a_killed_task_is_an_error_row_not_a_lost_one(tmp_
 # -- the worker check (no cluster: a stand-in client) -----------------------------------------------
 
 
+class FakeFuture:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self, timeout=None):
+        if isinstance(self.value, Exception):
+            raise self.value
+        return self.value
+
+    def release(self):
+        pass
+
+
 class FakeClient:
+    """Answers each worker's check task with that worker's report (an exception: the task failed)."""
+
     def __init__(self, reports):
         self.reports = reports
 
-    def run(self, function, *args):
-        return self.reports
+    def scheduler_info(self, n_workers=-1):
+        return {"workers": {address: {"nthreads": 1} for address in self.reports}}
+
+    def submit(self, function, *args, workers, allow_other_workers, pure, key):
+        assert function is cluster.worker_report and args == (False,)
+        assert len(workers) == 1 and not allow_other_workers and not pure
+        return FakeFuture(self.reports[workers[0]])
 
 
 def report(**changes):
@@ -211,6 +231,21 @@ def test_the_worker_check_names_each_worker_that_differs_or_cannot_grade():
     assert "tcp://b:1 on node2" in message and "fingerprint 000000000000" in message
     assert "tcp://c:1 on node3" in message and "bubblewrap is not installed" in message
     assert "tcp://d:1 on node4" in message and "nbgrader 0.9.5" in message
+
+
+def test_the_worker_check_names_a_worker_with_other_numerics_or_a_check_that_failed():
+    from types import SimpleNamespace
+
+    from distributed import KilledWorker
+
+    bad = {"tcp://a:1": report(), "tcp://b:1": report(host="node2", torch="2.12.0"),
+           "tcp://c:1": KilledWorker("course-worker-check-x", SimpleNamespace(address="tcp://c:1"), 3)}
+    with pytest.raises(grade.InfrastructureError) as info:
+        stand_in(bad).check()
+    message = str(info.value)
+    assert "tcp://a:1" not in message
+    assert "tcp://b:1 on node2" in message and "torch 2.12.0" in message
+    assert "worker tcp://c:1: its check did not finish: KilledWorker" in message
 
 
 def test_a_task_from_a_driver_with_other_code_is_refused_by_the_worker():

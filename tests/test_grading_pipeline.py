@@ -425,6 +425,12 @@ def test_learners_option_grades_only_those_folders_and_checks_only_their_rows(tm
     assert driver.compare_expected(expected, totals, cells, ["ann"]).empty
     assert list(driver.compare_expected(expected, totals, cells)["learner"]) == ["ben"]   # without the option
     assert driver.parse_args(["x", "--learners", " ann, cy ,"]).learners == ["ann", "cy"]
+    assert driver.parse_args(["x", "--learners", "ann", "--learner", "bo, with a comma", "--learner", "ann"]
+                             ).learners == ["ann", "bo, with a comma"]
+    assert driver.parse_args(["x", "--learner", "bo, with a comma"]).learners == ["bo, with a comma"]
+    assert driver.parse_args(["x"]).learners is None
+    with pytest.raises(SystemExit):
+        driver.parse_args(["x", "--learners", " , "])
 
 
 def _processes_of(work: Path, seed: int) -> list[str]:

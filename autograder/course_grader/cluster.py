@@ -52,8 +52,11 @@ from .paths import BASE_CONFIG, REPO_ROOT
 #: Submission fields a worker fills in; the driver copies exactly these back (the rest is its own).
 RESULT_FIELDS = ("error", "score", "max_score", "cells", "comments", "graded", "timestamp", "reuse", "judge_flags",
                  "seconds")
+#: Installed packages whose versions can change a grade (nbgrader's pipeline; the numerics of the
+#: reference model and of the learner's code).
+PACKAGES = ("nbgrader", "torch", "numpy", "transformers")
 #: What a worker's report must agree on with the driver's.
-MATCHED = ("fingerprint", "python", "nbgrader")
+MATCHED = ("fingerprint", "python", *PACKAGES)
 #: Environment variables of the driver that the worker's nbgrader processes get too (nbgrader_env
 #: sets COURSE_QUICK; thread counts the instructor set; the seeds travel in the row).
 FORWARDED_ENV = ("COURSE_QUICK", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -82,10 +85,17 @@ def code_fingerprint() -> str:
 
 
 def versions() -> dict[str, str]:
-    """This process's Python and nbgrader versions (what ``MATCHED`` compares besides the fingerprint)."""
+    """This process's Python and ``PACKAGES`` versions (what ``MATCHED`` compares besides the
+    fingerprint); a package that is not installed reads "missing"."""
     import importlib.metadata
 
-    return {"python": platform.python_version(), "nbgrader": importlib.metadata.version("nbgrader")}
+    found = {"python": platform.python_version()}
+    for package in PACKAGES:
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = "missing"
+    return found
 
 
 def worker_report(allow_unsafe: bool = False) -> dict:
@@ -247,15 +257,36 @@ class Cluster:
     def workers(self) -> dict[str, dict]:
         return self.client.scheduler_info(n_workers=-1)["workers"]
 
+    def run_on_each_worker(self, function, *args, timeout: float = 600.0) -> tuple[dict, dict]:
+        """FUNCTION(*ARGS) once on every worker, as a task held to that worker: it runs in a worker
+        thread, not on the worker's event loop (``Client.run``), so heartbeats go on while it starts a
+        sandboxed kernel. Returns ({address: result}, {address: why it failed}); waits at most TIMEOUT
+        seconds in all."""
+        token = uuid.uuid4().hex[:12]
+        futures = {address: self.client.submit(function, *args, workers=[address], allow_other_workers=False,
+                                               pure=False, key=f"course-worker-check-{token}-{address}")
+                   for address in self.workers()}
+        deadline = time.monotonic() + timeout
+        results, failed = {}, {}
+        for address, future in futures.items():
+            try:
+                results[address] = future.result(timeout=max(1.0, deadline - time.monotonic()))
+            except Exception as exc:      # the worker died, the function raised, the wait ran out
+                failed[address] = f"{type(exc).__name__}: {exc}"
+            finally:
+                future.release()
+        return results, failed
+
     def check(self) -> dict[str, dict]:
         """Every worker's ``worker_report``; InfrastructureError naming each worker that differs from
         this driver or has a problem."""
-        reports = self.client.run(worker_report, self.allow_unsafe)
+        reports, failed = self.run_on_each_worker(worker_report, self.allow_unsafe)
         mine = {"fingerprint": code_fingerprint(), **versions()}
-        bad = []
+        bad = [f"worker {address}: its check did not finish: {why}" for address, why in sorted(failed.items())]
         for address, report in sorted(reports.items()):
             where = f"worker {address} on {report['host']} ({report['root']})"
-            differs = [f"{key} {report[key][:12]} (driver {mine[key][:12]})" for key in MATCHED if report[key] != mine[key]]
+            differs = [f"{key} {str(report.get(key, 'missing'))[:12]} (driver {mine[key][:12]})"
+                       for key in MATCHED if report.get(key) != mine[key]]
             if differs:
                 bad.append(f"{where}: other course code or versions: {', '.join(differs)}; check out the driver's "
                            "commit there and run `make setup`")

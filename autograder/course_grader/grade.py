@@ -2,7 +2,7 @@
 """Grade a folder of lab submissions with stock nbgrader, in parallel, into a CSV.
 
     python -m course_grader.grade SUBMISSIONS [--jobs N | --cluster ADDRESS] [--work DIR]
-                               [--expected FILE] [--learners A,B] [--per-test] [--root DIR]
+                               [--expected FILE] [--learners A,B] [--learner NAME] [--per-test] [--root DIR]
                                [--cell-timeout S] [--submission-timeout S]
 
 SUBMISSIONS is laid out like nbgrader's ``submitted`` folder:
@@ -158,6 +158,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learners", metavar="NAME[,NAME...]", default=None,
                         help="grade only these learners' folders (comma-separated); --expected then checks only "
                              "their rows")
+    parser.add_argument("--learner", metavar="NAME", action="append", default=None,
+                        help="also grade this learner's folder, its name taken whole (for a name with a comma); "
+                             "may be repeated, and goes with --learners")
     parser.add_argument("--cluster", metavar="ADDRESS", default=None,
                         help="grade on the Dask scheduler at ADDRESS (tcp://host:8786, or a scheduler file .json), one "
                              "task per submission; the workers need this commit's checkout with `make setup model "
@@ -181,10 +184,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.work = (args.work or args.root / "build" / "grading").resolve()
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(4), "little")
-    if args.learners is not None:
-        args.learners = [n for n in (part.strip() for part in args.learners.split(",")) if n]
-        if not args.learners:
-            parser.error("--learners needs at least one name")
+    if args.learners is not None or args.learner is not None:
+        named = [n for n in (part.strip() for part in (args.learners or "").split(",")) if n]
+        named += [n for n in args.learner or () if n]
+        if not named:
+            parser.error("--learners/--learner needs at least one name")
+        args.learners = list(dict.fromkeys(named))
     return args
 
 
