@@ -54,6 +54,7 @@ FAULT = "fault_gib_for_gb"
 SUBMISSIONS = {"learner_a": ROOT / "autograder" / "samples" / "solution" / LAB / f"{LAB}.ipynb",
                "learner_b": ROOT / "autograder" / "samples" / FAULT / LAB / f"{LAB}.ipynb"}
 SAMPLE_OF = {"learner_a": "solution", "learner_b": FAULT}
+MARKERS = {name: f"{name}-private-{secrets.token_hex(8)}" for name in SAMPLE_OF}
 USERS = ["instructor", "learner_a", "learner_b"]
 PASSWORD = "course-hub-test-" + secrets.token_hex(4)
 BIN = Path(sys.executable).parent
@@ -325,8 +326,12 @@ def test_exchange_cycle_through_the_hub(hub):
         assert _status(_action(hub, name, "fetch")) == {"fetched"}
         fetched = hub.homes / name / COURSE_ID / LAB / f"{LAB}.ipynb"
         assert fetched.is_file(), f"{name}'s fetch left no {fetched}"
+        content = json.loads(sample.read_text())
+        # a note only this learner wrote: it must reach their own feedback and nobody else's files
+        content["cells"].append({"cell_type": "markdown", "id": f"note-{name}", "metadata": {},
+                                 "source": f"My own note: {MARKERS[name]}"})
         r = hub.user(name, "PUT", f"/api/contents/{COURSE_ID}/{LAB}/{LAB}.ipynb",
-                     json={"type": "notebook", "format": "json", "content": json.loads(sample.read_text())})
+                     json={"type": "notebook", "format": "json", "content": content})
         assert r.ok, f"{name} could not save the notebook: {r.status_code} {r.text}"
         _action(hub, name, "submit")
     inbound = sorted(p.name.split("+")[0] for p in (hub.exchange / COURSE_ID / "inbound").iterdir())
@@ -383,11 +388,13 @@ def test_exchange_cycle_through_the_hub(hub):
         assert other not in json.dumps(listing) and other not in json.dumps(_assignments(hub, name))
         submitted = [a for a in _assignments(hub, name) if a["status"] == "submitted"]
         assert submitted and all(s["student_id"] == name for a in submitted for s in a["submissions"]), submitted
-    assert pages["learner_a"] != pages["learner_b"]
-    # Nothing of learner_b's (notebook or feedback) ended up in learner_a's home, and vice versa.
+        assert MARKERS[name].encode() in pages[name], f"{name}'s feedback does not show their own notebook"
+    # Nothing of learner_b's (their note, in their notebook and feedback) is in any file of learner_a's
+    # home or in what the exchange lists to learner_a, and vice versa.
     for name, other in (("learner_a", "learner_b"), ("learner_b", "learner_a")):
-        theirs = {pages[other], SUBMISSIONS[other].read_bytes()}
+        theirs = MARKERS[other].encode()
+        assert theirs not in json.dumps(_assignments(hub, name)).encode()
         for p in (hub.homes / name).rglob("*"):
             if p.is_file():
-                assert p.read_bytes() not in theirs, f"{name}'s home holds {other}'s file {p}"
+                assert theirs not in p.read_bytes(), f"{name}'s home holds {other}'s work in {p}"
     print(f"hub exchange cycle: {time.monotonic() - t0:.0f} s, of which autograde {grade_s:.0f} s")
