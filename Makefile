@@ -172,8 +172,11 @@ hub-proxy:
 	fi
 
 # A course hub on this machine (autograder/README.md, "Running a course hub", lists the variables).
+# HUB_CONFIG: your own config that load_subconfig()s the course's (another authenticator or spawner);
+# HUB_ARGS: more jupyterhub options.
+HUB_CONFIG ?= autograder/hub/jupyterhub_config.py
 hub: setup sandbox hub-proxy
-	$(BIN)/jupyterhub -f autograder/hub/jupyterhub_config.py $(HUB_ARGS)
+	$(BIN)/jupyterhub -f $(HUB_CONFIG) $(HUB_ARGS)
 
 lab: setup
 	@$(if $(LAB_ROOT_ARGS),echo "$(LAB_ROOT_NOTE)")

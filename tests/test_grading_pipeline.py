@@ -433,6 +433,29 @@ def test_learners_option_grades_only_those_folders_and_checks_only_their_rows(tm
         driver.parse_args(["x", "--learners", " , "])
 
 
+def test_labs_option_grades_only_those_labs_and_checks_only_their_rows(tmp_path):
+    driver = load_driver()
+    for learner, lab in (("ann", "01_a"), ("ann", "02_b"), ("ben", "02_b")):
+        (tmp_path / "batch" / learner / lab).mkdir(parents=True)
+    rows = driver.find_submissions(tmp_path / "batch", {"01_a", "02_b"}, None, ["01_a"])
+    assert [(r.learner, r.lab) for r in rows] == [("ann", "01_a"), ("ben", "01_a")]
+    assert rows[1].error == driver.NOT_SUBMITTED
+    with pytest.raises(driver.InfrastructureError, match="names no lab of the course: 09_z"):
+        driver.find_submissions(tmp_path / "batch", {"01_a", "02_b"}, None, ["01_a", "09_z"])
+    (tmp_path / "only_b" / "ann" / "02_b").mkdir(parents=True)
+    with pytest.raises(driver.InfrastructureError, match="no lab folders for --labs 01_a"):
+        driver.find_submissions(tmp_path / "only_b", {"01_a", "02_b"}, None, ["01_a"])
+    totals = pd.DataFrame([{"learner": "ann", "lab": "01_a", "score": 3.0, "max_score": 3.0, "error": ""}])
+    expected = tmp_path / "expected.csv"
+    expected.write_text("learner,lab,cell,score\nann,01_a,total,3\nann,02_b,total,1\n")
+    cells = pd.DataFrame(columns=["learner", "lab", "cell", "score"])
+    assert driver.compare_expected(expected, totals, cells, None, ["01_a"]).empty
+    assert list(driver.compare_expected(expected, totals, cells)["lab"]) == ["02_b"]   # without the option
+    assert driver.parse_args(["x", "--labs", "01_a, 02_b,"]).labs == ["01_a", "02_b"]
+    with pytest.raises(SystemExit):
+        driver.parse_args(["x", "--labs", ","])
+
+
 def _processes_of(work: Path, seed: int) -> list[str]:
     """Processes working in WORK (nbgrader runs in its shard) or carrying the submission's
     COURSE_GRADING_SEED in their environment (nbgrader and the sandboxed kernel)."""

@@ -1,7 +1,7 @@
 """nbgrader's exchange on a real JupyterHub, end to end: one instructor and two learners.
 
 A throwaway hub (autograder/hub/jupyterhub_config.py, loaded by a small overlay config in a temp
-folder) runs on loopback ports with jupyterhub's DummyAuthenticator and SimpleLocalProcessSpawner:
+folder) runs on loopback ports with jupyterhub's SharedPasswordAuthenticator and SimpleLocalProcessSpawner:
 every user's single-user server is this venv's `jupyterhub-singleuser`, run as this OS user with
 its own home under the temp folder; the exchange root is in the temp folder too. The test drives
 the hub only through its REST API and its proxy, with a `course-admin` service token:
@@ -204,8 +204,8 @@ def hub(tmp_path_factory):
     overlay.write_text("\n".join([
         "c = get_config()  # noqa: F821",
         f"load_subconfig('jupyterhub_config.py', {str(ROOT / 'autograder' / 'hub')!r})  # noqa: F821",
-        "c.JupyterHub.authenticator_class = 'dummy'",
-        f"c.DummyAuthenticator.password = {PASSWORD!r}",
+        "c.JupyterHub.authenticator_class = 'shared-password'",
+        f"c.SharedPasswordAuthenticator.user_password = {PASSWORD!r}",
         "c.JupyterHub.spawner_class = 'simple'",
         f"c.SimpleLocalProcessSpawner.home_dir_template = {str(homes / '{username}')!r}",
         # jupyter_server refuses to run as root without --allow-root (the test may run as root)

@@ -2,7 +2,8 @@
 """Grade a folder of lab submissions with stock nbgrader, in parallel, into a CSV.
 
     python -m course_grader.grade SUBMISSIONS [--jobs N | --cluster ADDRESS] [--work DIR]
-                               [--expected FILE] [--learners A,B] [--learner NAME] [--per-test] [--root DIR]
+                               [--expected FILE] [--learners A,B] [--learner NAME] [--labs L]
+                               [--per-test] [--root DIR]
                                [--cell-timeout S] [--submission-timeout S]
 
 SUBMISSIONS is laid out like nbgrader's ``submitted`` folder:
@@ -161,6 +162,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learner", metavar="NAME", action="append", default=None,
                         help="also grade this learner's folder, its name taken whole (for a name with a comma); "
                              "may be repeated, and goes with --learners")
+    parser.add_argument("--labs", metavar="LAB[,LAB...]", default=None,
+                        help="grade only these labs (comma-separated folder names, e.g. 01_roofline); --expected "
+                             "then checks only their rows")
     parser.add_argument("--cluster", metavar="ADDRESS", default=None,
                         help="grade on the Dask scheduler at ADDRESS (tcp://host:8786, or a scheduler file .json), one "
                              "task per submission; the workers need this commit's checkout with `make setup model "
@@ -190,6 +194,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not named:
             parser.error("--learners/--learner needs at least one name")
         args.learners = list(dict.fromkeys(named))
+    if args.labs is not None:
+        args.labs = list(dict.fromkeys(n for n in (part.strip() for part in args.labs.split(",")) if n))
+        if not args.labs:
+            parser.error("--labs needs at least one lab")
     return args
 
 
@@ -304,12 +312,14 @@ def known_labs(root: Path) -> set[str]:
     return {p.name for p in solutions.iterdir() if (p / f"{p.name}.ipynb").is_file()}
 
 
-def find_submissions(submissions: Path, labs_available: set[str], only: list[str] | None = None) -> list[Submission]:
+def find_submissions(submissions: Path, labs_available: set[str], only: list[str] | None = None,
+                     only_labs: list[str] | None = None) -> list[Submission]:
     """One Submission per (learner, lab) for every lab anyone submitted; bad ones carry an error.
 
     A learner without a folder for a lab that others submitted gets a row with the
     error "not submitted" and score 0. ONLY (``--learners``) keeps just those learners' folders;
-    a name with no folder is an InfrastructureError.
+    a name with no folder is an InfrastructureError. ONLY_LABS (``--labs``) keeps just those labs;
+    one that is not a lab of the course (ROOT/solutions/) is an InfrastructureError.
     """
     if not submissions.is_dir():
         raise InfrastructureError(f"submissions folder {submissions} does not exist")
@@ -324,8 +334,15 @@ def find_submissions(submissions: Path, labs_available: set[str], only: list[str
         raise InfrastructureError(f"no learner folders in {submissions}")
     labs = sorted({lab.name for learner in learners for lab in learner.iterdir()
                    if lab.is_dir() and not lab.is_symlink() and not lab.name.startswith(".")})
+    if only_labs is not None:
+        unknown = sorted(set(only_labs) - labs_available)
+        if unknown:
+            raise InfrastructureError(f"--labs names no lab of the course: {', '.join(unknown)} "
+                                      f"(the labs: {', '.join(sorted(labs_available))})")
+        labs = [lab for lab in labs if lab in only_labs]
     if not labs:
-        raise InfrastructureError(f"no lab folders in {submissions} (expected {{learner}}/{{lab}}/{{lab}}.ipynb)")
+        which = f" for --labs {','.join(only_labs)}" if only_labs is not None else ""
+        raise InfrastructureError(f"no lab folders{which} in {submissions} (expected {{learner}}/{{lab}}/{{lab}}.ipynb)")
     rows = []
     for learner in learners:
         for lab in labs:
@@ -938,8 +955,9 @@ def read_csv_text(path: Path) -> pd.DataFrame:
 
 
 def compare_expected(expected_path: Path, totals: pd.DataFrame, cells: pd.DataFrame,
-                     learners: list[str] | None = None) -> pd.DataFrame:
-    """Rows where the scores differ from the expected file (only LEARNERS' rows when given).
+                     learners: list[str] | None = None, labs: list[str] | None = None) -> pd.DataFrame:
+    """Rows where the scores differ from the expected file (only LEARNERS' rows and LABS' rows when
+    given: ``--learners`` and ``--labs``).
 
     The expected file is a CSV with columns learner, lab, score and optionally cell. A
     row whose cell is empty or "total" is checked against the notebook total; any other
@@ -960,6 +978,8 @@ def compare_expected(expected_path: Path, totals: pd.DataFrame, cells: pd.DataFr
     expected["cell"] = expected["cell"].replace("", TOTAL)
     if learners is not None:
         expected = expected[expected["learner"].isin(learners)]
+    if labs is not None:
+        expected = expected[expected["lab"].isin(labs)]
 
     actual = {(r.learner, r.lab, TOTAL): r.score for r in totals.itertuples()}
     actual.update({(r.learner, r.lab, r.cell): r.score for r in cells.itertuples()})
@@ -1009,7 +1029,7 @@ def run(args: argparse.Namespace) -> int:
         import nbgrader  # noqa: F401  (fail early and clearly when it is not installed)
     except ImportError as exc:
         raise InfrastructureError(f"nbgrader is not importable by {sys.executable}: {exc}") from exc
-    rows = find_submissions(args.submissions, known_labs(args.root), args.learners)
+    rows = find_submissions(args.submissions, known_labs(args.root), args.learners, args.labs)
     labs = sorted({r.lab for r in rows if r.folder is not None and not r.error.startswith("unknown lab")})
     if not labs:
         raise InfrastructureError(f"none of the submitted labs has a source in {args.root / 'solutions'}")
@@ -1122,7 +1142,7 @@ def _grade(args: argparse.Namespace, rows: list[Submission], labs: list[str], sa
         print(unsafe)
 
     if args.expected is not None:
-        differences = compare_expected(args.expected, totals, cells, args.learners)
+        differences = compare_expected(args.expected, totals, cells, args.learners, args.labs)
         if not differences.empty:
             print(f"\nScores differ from {args.expected}:\n" + show(differences))
             return EXIT_MISMATCH
