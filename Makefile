@@ -49,7 +49,7 @@ help:
 	@echo "make model       resolve the default model and convert it once into the cache (~20 s)"
 	@echo "make sandbox     install/check bubblewrap, the sandbox grading runs learner code in"
 	@echo "make run         execute the solution notebooks, regenerate labs/, grade the sample submissions"
-	@echo "make test        library tests, nbval on solutions/, labs/ in sync, the solution samples graded, the browser checks (about 30 min)"
+	@echo "make test        library tests, nbval on solutions/, labs/ in sync, the solution samples graded, the browser checks (about 25 min)"
 	@echo "make test-full   make test, then every sample (the injected faults) and the hostile submissions graded: what CI runs (about an hour)"
 	@echo "make test-grading  grade every sample submission against expected_scores.csv (part of make test-full)"
 	@echo "make test-fast   the unit tests without the slow ones (about a minute on an idle 2-core machine): run it while editing"
@@ -97,7 +97,7 @@ run: model sandbox
 	$(MAKE) --no-print-directory release
 	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) $(GRADE_ARGS)
 
-# About 30 minutes on 2 cores (the target; 34.6 min measured from a fresh clone before the last trims). The whole fault sweep and the hostile suite (about half an hour more)
+# Under 30 minutes on 2 cores (the target; 25.3 min measured from a fresh clone: install 2, test-lib 10, nbval 6.5, grading 4, browser 2.5). The whole fault sweep and the hostile suite (about half an hour more)
 # are test-full's; CI (.ci/run) runs make test, then them.
 test: model test-lib test-notebooks test-grading-core test-browser
 
