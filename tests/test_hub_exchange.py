@@ -384,16 +384,17 @@ def test_exchange_cycle_through_the_hub(hub):
         total = expected[SAMPLE_OF[name], "total"]
         assert f"Score: {total:.1f} / {expected['solution', 'total']:.1f}".encode() in pages[name]
         # What the exchange hands the learner mentions no other learner.
-        other = next(n for n in SUBMISSIONS if n != name)
-        assert other not in json.dumps(listing) and other not in json.dumps(_assignments(hub, name))
-        submitted = [a for a in _assignments(hub, name) if a["status"] == "submitted"]
+        other, assignments = next(n for n in SUBMISSIONS if n != name), _assignments(hub, name)
+        assert other not in json.dumps(listing) and other not in json.dumps(assignments)
+        assert MARKERS[other] not in json.dumps(listing) + json.dumps(assignments)
+        submitted = [a for a in assignments if a["status"] == "submitted"]
         assert submitted and all(s["student_id"] == name for a in submitted for s in a["submissions"]), submitted
         assert MARKERS[name].encode() in pages[name], f"{name}'s feedback does not show their own notebook"
+    assert pages["learner_a"] != pages["learner_b"]
     # Nothing of learner_b's (their note, in their notebook and feedback) is in any file of learner_a's
-    # home or in what the exchange lists to learner_a, and vice versa.
+    # home, and vice versa (what the exchange lists to each was checked above).
     for name, other in (("learner_a", "learner_b"), ("learner_b", "learner_a")):
         theirs = MARKERS[other].encode()
-        assert theirs not in json.dumps(_assignments(hub, name)).encode()
         for p in (hub.homes / name).rglob("*"):
             if p.is_file():
                 assert theirs not in p.read_bytes(), f"{name}'s home holds {other}'s work in {p}"

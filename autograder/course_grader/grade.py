@@ -189,16 +189,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(4), "little")
     if args.learners is not None or args.learner is not None:
-        named = [n for n in (part.strip() for part in (args.learners or "").split(",")) if n]
-        named += [n for n in args.learner or () if n]
-        if not named:
+        args.learners = _names(_comma_list(args.learners or "") + (args.learner or []))
+        if not args.learners:
             parser.error("--learners/--learner needs at least one name")
-        args.learners = list(dict.fromkeys(named))
     if args.labs is not None:
-        args.labs = list(dict.fromkeys(n for n in (part.strip() for part in args.labs.split(",")) if n))
+        args.labs = _names(_comma_list(args.labs))
         if not args.labs:
             parser.error("--labs needs at least one lab")
     return args
+
+
+def _comma_list(text: str) -> list[str]:
+    """The items of a comma-separated option, each stripped."""
+    return [part.strip() for part in text.split(",")]
+
+
+def _names(items: list[str]) -> list[str]:
+    """ITEMS without empty ones and repeats, in order."""
+    return list(dict.fromkeys(item for item in items if item))
 
 
 def judge_seed_of(run_seed: int, learner: str, lab: str) -> int:
