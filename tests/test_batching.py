@@ -7,6 +7,9 @@ and the fixed-order attention of ``batch_invariant_mode``.
 """
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 import torch
 
@@ -146,6 +149,88 @@ def test_the_switch_restores_itself_and_refuses_a_custom_attention(model):
     with pytest.raises(ArgumentTypeError):
         with model.batch_invariant_mode(1):
             pass
+
+
+def test_the_mode_comes_back_after_an_exception_and_is_read_only(model):
+    with pytest.raises(RuntimeError, match="inside the mode"):
+        with model.batch_invariant_mode():
+            raise RuntimeError("inside the mode")
+    assert not model.batch_invariant
+    with model.batch_invariant_mode():
+        with pytest.raises(KeyError):
+            with model.batch_invariant_mode(False):
+                raise KeyError("inside the nested switch")
+        assert model.batch_invariant
+    with pytest.raises(AttributeError):
+        model.batch_invariant = True
+    assert not model.batch_invariant
+
+
+def test_the_mode_belongs_to_the_context_every_model_in_it_and_no_thread_started_in_it(model):
+    """As documented in course_lib.models.ops: one switch for every model of the context; a thread starts
+    with the mode off (it computes with the default ops), and its own switch never reaches the caller."""
+    other = toy_decoder(seed=1)
+    ids, positions = torch.tensor([[3, 1, 4, 1, 5]]), torch.arange(5)
+    with torch.no_grad():
+        default = model(ids, positions)
+        with model.batch_invariant_mode():
+            assert other.batch_invariant
+            assert not torch.equal(model(ids, positions), default)     # the two paths differ in the last bits
+    seen, entered, release = {}, threading.Event(), threading.Event()
+
+    def worker():
+        seen["mode at start"] = model.batch_invariant
+        with torch.no_grad():
+            seen["logits"] = model(ids, positions)
+        with model.batch_invariant_mode():
+            entered.set()
+            release.wait(timeout=30)
+
+    with model.batch_invariant_mode():
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join(timeout=60)
+    assert seen["mode at start"] is False and torch.equal(seen["logits"], default)
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        assert entered.wait(timeout=60)
+        assert not model.batch_invariant, "a thread's switch must not reach the thread that started it"
+    finally:
+        release.set()
+        thread.join(timeout=60)
+
+
+def test_an_asyncio_task_keeps_the_mode_it_was_created_in(model):
+    async def scenario():
+        started, release = asyncio.Event(), asyncio.Event()
+
+        async def task_body():
+            started.set()
+            await release.wait()
+            return model.batch_invariant
+
+        with model.batch_invariant_mode():
+            task = asyncio.create_task(task_body())
+        await started.wait()
+        caller = model.batch_invariant
+        release.set()
+        return caller, await task
+
+    assert asyncio.run(scenario()) == (False, True)
+
+def test_forward_hooks_on_the_projections_run_in_both_modes(model):
+    """course_lib.quant observes and rewrites the projections' inputs with forward pre-hooks."""
+    calls = []
+    handle = model.layers[0].q_proj.register_forward_pre_hook(lambda module, args: calls.append(args[0].shape))
+    try:
+        with torch.no_grad():
+            for mode in (False, True):
+                with model.batch_invariant_mode(mode):
+                    model(torch.tensor([[1, 2, 3]]), torch.arange(3))
+    finally:
+        handle.remove()
+    assert calls == [torch.Size([1, 3, model.config.d_model])] * 2
 
 
 def test_a_mask_reaches_a_custom_attention_function(model):

@@ -10,9 +10,11 @@ for the whole batch and reads each weight once. Per layer (``Block.qkv`` -> writ
   CPU, the Triton kernel on CUDA), with block tables padded to the widest row;
 - prefill chunks (k > 1) attend one at a time over their gathered blocks with the causal rule of
   ``models.attention.attend`` (queries at positions start .. start + k - 1);
-- in batch-invariant mode (Lab 6) every chunk, decodes included, goes through
-  ``batch_invariant_attention`` over its gathered blocks, so each sequence's logits are bitwise
-  those it gets served alone.
+- every operation goes through ``models.ops``, so in batch-invariant mode (Lab 6,
+  ``Decoder.batch_invariant_mode``) the projections, norms and attention are the fixed-order ones;
+  the batched paged decode function has no fixed-order version, so in that mode decode chunks too
+  attend one at a time over their gathered blocks (``ops.attention``), and each sequence's logits
+  are bitwise those it gets served alone.
 
 Logits are computed only at the last position of the chunks that complete their sequence's target
 (the ones that yield a token).
@@ -24,9 +26,8 @@ from typing import Callable, Sequence as Seq
 
 import torch
 
-from ..kernels.batch_invariant import torch_ops as invariant_ops
 from ..kernels.paged_attention import gather_blocks, paged_decode_attention_unchecked, write_slots
-from ..models.attention import attend, batch_invariant_attention
+from ..models import ops
 from ..models.decoder import Decoder
 
 __all__ = ["ModelRunner", "ChunkInput"]
@@ -86,7 +87,6 @@ class ModelRunner:
         """Run one iteration; returns float32 logits (n_emit, vocab), one row per chunk with ``emit``, in
         the order of ``chunks``."""
         model, device = self.model, self.model.embed_tokens.weight.device
-        invariant = model.batch_invariant
         # Decodes first, then prefill chunks: the decodes' queries are then one contiguous slice.
         order = sorted(range(len(chunks)), key=lambda j: len(chunks[j].token_ids) > 1)
         packed = [chunks[j] for j in order]
@@ -96,7 +96,7 @@ class ModelRunner:
         slots = torch.tensor([s for ch in packed for s in ch.slots], dtype=torch.int64, device=device)
         tables = [torch.tensor(ch.block_table, dtype=torch.int32, device=device)[None] for ch in packed]
         decode = None
-        if n_decode and not invariant:
+        if n_decode and not ops.batch_invariant_enabled():        # else decodes attend one at a time
             width = max(len(ch.block_table) for ch in packed[:n_decode])
             table = torch.zeros(n_decode, width, dtype=torch.int32)
             for i, ch in enumerate(packed[:n_decode]):
@@ -105,9 +105,9 @@ class ModelRunner:
             decode = (table.to(device), torch.tensor(lens, dtype=torch.int64, device=device), max(lens))
 
         x = model.embed_tokens(ids[None])                                      # (1, N, d)
-        rope = model.rotary(positions, 1, invariant)
+        rope = model.rotary(positions, 1)
         for layer, block in enumerate(model.layers):
-            q, k, v = block.qkv(x, rope, invariant)                            # (1, H, N, D)
+            q, k, v = block.qkv(x, rope)                                       # (1, H, N, D)
             k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
             write_slots(k_cache, v_cache, k[0].transpose(0, 1), v[0].transpose(0, 1), slots)
             pieces, row = [], 0
@@ -119,13 +119,9 @@ class ModelRunner:
                 n = len(ch.token_ids)
                 keys = gather_blocks(k_cache, table, ch.start + n).transpose(1, 2)    # (1, Hkv, S, D)
                 values = gather_blocks(v_cache, table, ch.start + n).transpose(1, 2)
-                query = q[:, :, row:row + n]
-                if invariant:
-                    pieces.append(batch_invariant_attention(query, keys.contiguous(), values.contiguous(), ch.start))
-                else:
-                    pieces.append(attend(query, keys, values, ch.start))
+                pieces.append(ops.attention(q[:, :, row:row + n], keys, values, ch.start))
                 row += n
-            x = block.finish(x, torch.cat(pieces, dim=2) if len(pieces) > 1 else pieces[0], invariant)
+            x = block.finish(x, torch.cat(pieces, dim=2) if len(pieces) > 1 else pieces[0])
 
         ends, row = {}, 0
         for j, ch in zip(order, packed):
@@ -135,7 +131,4 @@ class ModelRunner:
         wanted = [ends[j] for j in range(len(chunks)) if j in ends]
         if not wanted:
             return torch.empty(0, model.config.vocab_size)
-        h = model.norm(x[:, wanted], invariant)
-        if invariant:
-            return invariant_ops.linear(h, model.lm_head.weight)[0].float()
-        return model.lm_head(h)[0].to(torch.float32)
+        return model.lm_head(model.norm(x[:, wanted]))[0].to(torch.float32)

@@ -23,27 +23,33 @@ from torch import nn
 
 from ..cache.contiguous import KVCache
 from ..validation import ArgumentTypeError, boolean, instance, integer, integer_tensor
-from ..kernels.batch_invariant import torch_ops as invariant_ops
-from .attention import attend, attend_cached, batch_invariant_attention, write_then_keys
+from . import ops
 from .config import ModelConfig, toy_config
-from .rope import rope_cos_sin, rotate_pairs
+from .rope import rotate_pairs
 
 AttentionFn = Callable[..., torch.Tensor]
 
 
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32 (Zhang & Sennrich, 2019)."""
+    """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32 (Zhang & Sennrich, 2019), by ``ops.rms_norm``."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
-        if invariant:
-            return invariant_ops.rms_norm(x, self.weight, self.eps)
-        f32 = torch.float32                               # one fused PyTorch op: 1 call instead of 5
-        return nn.functional.rms_norm(x.to(f32), self.weight.shape, self.weight.to(f32), self.eps).to(x.dtype)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` whose product is ``ops.linear`` (PyTorch's, or the batch-invariant one in that mode).
+
+    A module rather than a bare function call, so that forward hooks on the projections (``course_lib.quant``
+    observes and rewrites their inputs with them) run in either mode."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.linear(x, self.weight, self.bias)
 
 
 class Block(nn.Module):
@@ -53,58 +59,47 @@ class Block(nn.Module):
         super().__init__()
         self.c = c
         self.input_layernorm = RMSNorm(c.d_model, c.norm_eps)
-        self.q_proj = nn.Linear(c.d_model, c.n_heads * c.head_dim, bias=False)
-        self.k_proj = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
-        self.v_proj = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
-        self.o_proj = nn.Linear(c.n_heads * c.head_dim, c.d_model, bias=False)
+        self.q_proj = Linear(c.d_model, c.n_heads * c.head_dim, bias=False)
+        self.k_proj = Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
+        self.v_proj = Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
+        self.o_proj = Linear(c.n_heads * c.head_dim, c.d_model, bias=False)
         self.post_attention_layernorm = RMSNorm(c.d_model, c.norm_eps)
-        self.gate_proj = nn.Linear(c.d_model, c.d_ff, bias=False)
-        self.up_proj = nn.Linear(c.d_model, c.d_ff, bias=False)
-        self.down_proj = nn.Linear(c.d_ff, c.d_model, bias=False)
+        self.gate_proj = Linear(c.d_model, c.d_ff, bias=False)
+        self.up_proj = Linear(c.d_model, c.d_ff, bias=False)
+        self.down_proj = Linear(c.d_ff, c.d_model, bias=False)
 
-    def qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], invariant: bool = False):
+    def qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """The attention inputs of x (B, T, d_model): (q (B, Hq, T, D), k (B, Hkv, T, D), v (B, Hkv, T, D)),
         q and k rotated. The first half of ``forward``; a serving engine (``course_lib.engine``) calls it,
         then its own attention over a paged cache, then ``finish``."""
         c = self.c
         B, T, _ = x.shape
-        h = self.input_layernorm(x, invariant)
-        q = _linear(self.q_proj, h, invariant).view(B, T, c.n_heads, c.head_dim).transpose(1, 2)
-        k = _linear(self.k_proj, h, invariant).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
-        v = _linear(self.v_proj, h, invariant).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
+        h = self.input_layernorm(x)
+        q = self.q_proj(h).view(B, T, c.n_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
         q, k = rotate_pairs(torch.cat([q, k], 1), *rope).split([c.n_heads, c.n_kv_heads], 1)   # one rotation
         return q, k, v
 
-    def finish(self, x: torch.Tensor, attn: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """The block's output from its input x (B, T, d_model) and the attention output attn (B, Hq, T, D):
         output projection and residual, then RMSNorm, SwiGLU and residual. The second half of ``forward``."""
         c = self.c
         B, T, _ = x.shape
-        x = x + _linear(self.o_proj, attn.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim), invariant)
-        h = self.post_attention_layernorm(x, invariant)
-        silu = invariant_ops.silu if invariant else nn.functional.silu
-        gate = silu(_linear(self.gate_proj, h, invariant)).to(h.dtype)
-        return x + _linear(self.down_proj, gate * _linear(self.up_proj, h, invariant), invariant)
+        x = x + self.o_proj(attn.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim))
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(ops.silu(self.gate_proj(h)) * self.up_proj(h))
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv: tuple[torch.Tensor, torch.Tensor] | None,
-                start: int, attention_fn: AttentionFn, key_mask: torch.Tensor | None = None,
-                invariant: bool = False) -> torch.Tensor:
-        q, k, v = self.qkv(x, rope, invariant)
-        if invariant:
-            keys, values = (k, v) if kv is None else write_then_keys(k, v, kv[0], kv[1], start)
-            attn = batch_invariant_attention(q, keys, values, start, key_mask=key_mask)
-        elif kv is None:
-            attn = attend(q, k, v, 0, key_mask)
+                start: int, attention_fn: AttentionFn, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        q, k, v = self.qkv(x, rope)
+        if kv is None:
+            attn = ops.attention(q, k, v, 0, key_mask)
         elif key_mask is None:
             attn = attention_fn(q, k, v, kv[0], kv[1], start)
         else:
             attn = attention_fn(q, k, v, kv[0], kv[1], start, key_mask=key_mask)
-        return self.finish(x, attn, invariant)
-
-
-def _linear(layer: nn.Linear, h: torch.Tensor, invariant: bool) -> torch.Tensor:
-    """``layer(h)``, or its batch-invariant product (``kernels.batch_invariant``) in invariant mode."""
-    return invariant_ops.linear(h, layer.weight).to(h.dtype) if invariant else layer(h)
+        return self.finish(x, attn)
 
 
 def _on_device(name: str, x, device: torch.device) -> None:
@@ -233,25 +228,30 @@ class Decoder(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        #: Route every reduction through ``course_lib.kernels.batch_invariant`` (see ``batch_invariant_mode``).
-        self.batch_invariant = False
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether batch-invariant mode is on (read-only; ``batch_invariant_mode`` switches it). The mode
+        belongs to the current context (thread or asyncio task), not to this model: ``models.ops``."""
+        return ops.batch_invariant_enabled()
 
     @contextmanager
     def batch_invariant_mode(self, enabled: bool = True) -> Iterator["Decoder"]:
         """Within the block, every reduction of the forward (projections, RMSNorm, attention, output head)
         runs in a fixed order (``course_lib.kernels.batch_invariant``), so a row's logits are bitwise the
         same alone, in a batch of any size and at any place in it, and in one-pass or chunked prefill
-        (course Lab 6). The previous setting comes back on exit.
+        (course Lab 6). Yields this model. The previous mode comes back on exit, also on an exception.
+
+        The switch is ``models.ops.batch_invariant_mode``: it holds for every model and engine computing in
+        the current context (thread or asyncio task), not for this model alone; a thread started inside
+        the block starts with the mode off (see ``models.ops``).
 
         Raises: ArgumentTypeError for ``enabled`` that is not a bool."""
-        previous, self.batch_invariant = self.batch_invariant, boolean("enabled", enabled)
-        try:
+        with ops.batch_invariant_mode(enabled):
             yield self
-        finally:
-            self.batch_invariant = previous
 
     # -- construction -------------------------------------------------------------------
     @classmethod
@@ -325,7 +325,7 @@ class Decoder(nn.Module):
                 head width, dtype and device; batch B); when given, the new keys/values go to
                 slots cache.length .. cache.length+T-1, attention reads every filled slot, and
                 cache.length advances by T. Without it, a plain causal forward.
-            attention_fn: replaces the default cached attention (``attention.attend_cached``, the
+            attention_fn: replaces the default cached attention (``ops.cached_attention``, the
                 unchecked core of ``attend_with_cache``; same signature) for cached
                 forwards; Lab 2 plugs the learner's attention step in here.
             last_only: (bool) compute logits for the last position only (B, 1, vocab): what
@@ -370,44 +370,29 @@ class Decoder(nn.Module):
             _on_device("attention_mask", key_mask, weight.device)
             if bool(key_mask.all()):
                 key_mask = None                           # nothing padded: the unmasked path, same result
-        invariant = self.batch_invariant
-        if invariant and attention_fn is not None:
+        if attention_fn is not None and ops.batch_invariant_enabled():
             raise ValueError("attention_fn cannot be used in batch_invariant mode: the mode routes attention "
                              "through course_lib.kernels.batch_invariant")
-        rope = self.rotary(positions, B, invariant)                                    # once per forward
-        attention_fn = attention_fn or attend_cached
+        rope = self.rotary(positions, B)                                               # once per forward
+        attention_fn = attention_fn or ops.cached_attention
         x = self.embed_tokens(input_ids)
         if cache is None:
             for block in self.layers:
-                x = block(x, rope, None, 0, attention_fn, key_mask, invariant)
+                x = block(x, rope, None, 0, attention_fn, key_mask)
         else:
             for block, k_layer, v_layer in zip(self.layers, cache.k, cache.v):
-                x = block(x, rope, (k_layer, v_layer), start, attention_fn, key_mask, invariant)
+                x = block(x, rope, (k_layer, v_layer), start, attention_fn, key_mask)
             cache.advance(T)
         if last_only:
             x = x[:, -1:]
-        h = self.norm(x, invariant)
-        if invariant:
-            return invariant_ops.linear(h, self.lm_head.weight)
-        return self.lm_head(h).to(torch.float32)
+        return self.lm_head(self.norm(x)).to(torch.float32)
 
-    def rotary(self, positions: torch.Tensor, B: int, invariant: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin for ``rotate_pairs`` (what ``Block.qkv`` takes), for positions (T,) or (B, T) int64, as
-        ``rope_cos_sin`` returns them. In batch-invariant mode they are rows of a table computed once for
-        positions 0 .. max_seq_len - 1, so a position's angle never depends on the other positions in the
-        call (``course_lib.kernels.batch_invariant.torch_ops``, on transcendental functions)."""
+    def rotary(self, positions: torch.Tensor, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for ``rotate_pairs`` (what ``Block.qkv`` takes), for positions (T,) or (B, T) int64 in
+        0 .. max_seq_len - 1, as ``rope.rope_cos_sin`` returns them: ``ops.rope_cos_sin``, which in
+        batch-invariant mode reads them from a table computed once for every position."""
         c = self.config
-        if not invariant:
-            return rope_cos_sin(positions, c.head_dim, c.rope_theta, batch=B, scaling=c.rope_scaling)
-        device = positions.device
-        if getattr(self, "_rope_table", (None,))[0] != device:
-            every = torch.arange(c.max_seq_len, device=device)
-            cos, sin = rope_cos_sin(every, c.head_dim, c.rope_theta, scaling=c.rope_scaling)
-            self._rope_table = (device, cos[0, 0], sin[0, 0])              # (max_seq_len, head_dim // 2)
-        _, cos, sin = self._rope_table
-        if positions.dim() == 1:
-            return cos[positions][None, None], sin[positions][None, None]
-        return cos[positions][:, None], sin[positions][:, None]
+        return ops.rope_cos_sin(positions, c.head_dim, c.rope_theta, B, c.rope_scaling, max_seq_len=c.max_seq_len)
 
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
         """An empty ``KVCache`` for this model: compact KV heads, the weights' dtype and device.

@@ -5,7 +5,8 @@ Inference", 2025; vLLM's batch-invariant mode): every reduction in an order fixe
 chosen from the batch size.
 
 - ``torch_ops`` (re-exported here): plain PyTorch for any device, what the reference decoder's
-  ``batch_invariant_mode()`` routes every reduction through: :func:`linear` (fixed row tiles),
+  ``batch_invariant_mode()`` routes every reduction through (the switch and the dispatch between these
+  and PyTorch's default ops are ``course_lib.models.ops``): :func:`linear` (fixed row tiles),
   :func:`fixed_order_sum`, :func:`exp`, :func:`silu`, :func:`rms_norm`, :func:`softmax`,
   :func:`attention`.
 - ``triton_ops``: Triton kernels for the matmul and RMSNorm (fixed blocks, no split-K); import it

@@ -24,7 +24,7 @@ arithmetic independent of everything else in the batch:
   so the same value can come out differently at the end of a short array than in the middle of a long
   one. :func:`exp` (and :func:`silu` on it) therefore runs on pieces of ``PIECE`` elements, a multiple of
   every SIMD width and below PyTorch's parallel grain, so no element ever lands in a tail. Rotary
-  cos/sin come from a table computed once for every position (``models.decoder``).
+  cos/sin come from a table computed once for every position (``models.ops.rope_cos_sin``).
 
 Shapes and dtypes are stated per function; every function computes in float32 and returns float32
 (:func:`rms_norm` returns x's dtype). Cost: :func:`linear` pays for the padded rows (at batch 1 it runs a
