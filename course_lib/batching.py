@@ -24,8 +24,8 @@ from typing import Sequence
 
 import torch
 
-from .grading.contracts import first_divergence, top2_gap
-from .models.bench import weight_bytes
+from .divergence import first_divergence, top2_gap
+from .models.config import weight_bytes
 from .models.decoder import Decoder, left_pad, positions_from_mask
 from .roofline import MeasuredRoof, kv_bytes_per_sequence, step_time_bound
 from .timing import timed

@@ -8,6 +8,7 @@ import torch
 from course_lib import roofline
 from course_lib.models import causal_attention, repeat_kv, toy_decoder
 from course_lib.models import bench
+from course_lib.models.config import weight_bytes
 from course_lib.models.attention import attend
 from course_lib.timing import Timing, measure
 from course_lib.validation import ArgumentTypeError
@@ -89,7 +90,9 @@ def test_weight_bytes_counts_a_tied_head_once(tied):
     model = toy_decoder(tie_embeddings=tied)
     table = 4 * model.config.vocab_size * model.config.d_model
     every = sum(4 * p.numel() for p in model.state_dict().values())     # state_dict lists a tied head twice
-    assert bench.weight_bytes(model) == every - (table if tied else 0) == 4 * model.config.parameters()
+    assert weight_bytes(model) == every - (table if tied else 0) == 4 * model.config.parameters()
+    with pytest.raises(TypeError, match="model must be"):
+        weight_bytes(model.config)                                       # a config, not a built model
 
 
 def test_benchmark_rows_on_the_toy_model():
@@ -101,7 +104,7 @@ def test_benchmark_rows_on_the_toy_model():
     ratio = table["x B=1 floor"]
     assert ratio.iloc[0] == 1.0 and ratio.iloc[:-1].notna().all() and ratio.isna().iloc[-1]   # no ratio for prefill
     assert (table["median (ms)"] > 0).all() and list(table.calls[2:4]) == ["0+2", "0+2"]
-    assert facts["weight_bytes"] == bench.weight_bytes(model) and facts["threads"] == torch.get_num_threads()
+    assert facts["weight_bytes"] == weight_bytes(model) and facts["threads"] == torch.get_num_threads()
     assert facts["floor_ms"] == pytest.approx(table["median (ms)"].iloc[0])
 
 

@@ -57,12 +57,12 @@ def assert_tokens_equal_solo(model, engine, prompts, news):
 
 def assert_accounting(engine):
     assert engine.blocks.num_free == engine.num_blocks, "blocks leaked after the trace"
-    assert all(c == 0 for c in engine.blocks.pool.ref_counts)
+    assert all(c == 0 for c in engine.blocks.allocator.ref_counts)
     for report in engine.history:
         if engine.budget is not None:
             assert report.tokens <= engine.budget
     # every block back on the free list exactly once (a double free would list one twice)
-    assert sorted(engine.blocks.pool.free_block_ids) == list(range(engine.num_blocks))
+    assert sorted(engine.blocks.allocator.free_block_ids) == list(range(engine.num_blocks))
 
 
 def test_a_mixed_trace_with_preemptions_gives_every_request_its_solo_tokens(model):

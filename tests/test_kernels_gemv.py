@@ -22,7 +22,8 @@ import pytest
 import torch
 from kernel_interpreter import run_kernel_tests_in_interpreter
 
-from course_lib.kernels import TritonMode, notice_once, triton_mode
+from course_lib.kernels import (TritonMode, fallback_notice, import_triton, kernel_interpreted, notice_once,
+                                triton_import_error, triton_mode)
 from course_lib.kernels.gemv import gemv, reference_gemv
 
 MODE = triton_mode()
@@ -97,6 +98,42 @@ def test_notice_once_prints_once(capsys):
     notice_once("test-key-gemv", "hello once")
     notice_once("test-key-gemv", "hello once")
     assert capsys.readouterr().err == "hello once\n"
+
+
+def test_import_triton_agrees_with_the_import_error():
+    triton, tl = import_triton()
+    assert (triton is None) == (tl is None) == (triton_import_error() is not None)
+    assert (triton is None) == MODE.reason.startswith("triton does not import")
+
+
+class InterpretedFunction:     # named as the kernels @triton.jit builds under TRITON_INTERPRET=1
+    pass
+
+
+class JITFunction:             # named as the compiled ones
+    pass
+
+
+def test_fallback_notice_names_why_the_reference_answers():
+    """The one decision every kernel module takes from course_lib.kernels: which calls fall back, and the
+    notice (its key and its one line) that says why."""
+    cpu = torch.zeros(1)
+    cuda_like = type("CudaTensor", (), {"is_cuda": True, "device": "cuda:0"})()
+    where, interpreter = "course_lib.kernels.demo", TritonMode("interpreter", "set")
+    assert kernel_interpreted(InterpretedFunction()) and not kernel_interpreted(JITFunction())
+    assert not kernel_interpreted(None)
+    assert fallback_notice(where, "demo", None, TritonMode("native", "gpu"), cpu) == (
+        "demo-fallback", "course_lib.kernels.demo: using the PyTorch reference (gpu).")
+    assert fallback_notice(where, "demo", JITFunction(), TritonMode("unavailable", "no GPU"), cuda_like) == (
+        "demo-fallback", "course_lib.kernels.demo: using the PyTorch reference (no GPU).")
+    assert fallback_notice(where, "demo", InterpretedFunction(), interpreter, cpu) is None
+    assert fallback_notice(where, "demo", InterpretedFunction(), interpreter, cuda_like)[0] == "demo-interp-cuda"
+    assert fallback_notice(where, "demo", JITFunction(), TritonMode("native", "gpu"), cuda_like) is None
+    assert fallback_notice(where, "demo", JITFunction(), interpreter, cpu) == (
+        "demo-native-cpu", "course_lib.kernels.demo: cpu tensors, TRITON_INTERPRET was set after the kernel "
+        "module was imported; using the PyTorch reference.")
+    assert "compiled Triton needs CUDA tensors" in fallback_notice(where, "demo", JITFunction(),
+                                                                   TritonMode("native", "gpu"), cpu)[1]
 
 
 def test_gemv_result_in_this_process():

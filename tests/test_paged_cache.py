@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from course_lib.cache.paged import (BlockPool, BlockPoolExhaustedError, PagedKVCache,
+from course_lib.cache.paged import (BlockAllocator, BlockPool, BlockPoolExhaustedError, PagedKVCache,
                                     PagedSequence, compute_block_hash)
 
 H, D = 2, 3
@@ -547,3 +547,32 @@ def test_random_operations_against_list_model(seed):
         cache.release(seq)
     assert pool.num_free == pool.num_blocks and sum(pool.ref_counts) == 0
     assert pool.hash_to_block_id == {}
+
+
+def test_the_allocator_alone_keeps_ids_counts_free_list_and_prefix_index_without_storage():
+    alloc = BlockAllocator(3, 2)
+    assert not hasattr(alloc, "k") and isinstance(BlockPool(3, 2, H, D), BlockAllocator)
+    a, b = alloc.allocate(), alloc.allocate()
+    assert (a, b, alloc.num_free, alloc.ref_counts) == (0, 1, 1, [1, 1, 0])
+    h = alloc.register_full_block(a, [5, 6], None)
+    alloc.register_full_block(b, [7, 8], h)
+    assert alloc.lookup_prefix([5, 6, 7, 8, 9]) == [a, b] and alloc.ref_counts == [1, 1, 0]
+    assert alloc.acquire_prefix([5, 6, 7]) == [a] and alloc.ref_counts == [2, 1, 0]
+    assert alloc.decref(a) == 1 and alloc.decref(b) == 0
+    assert list(alloc.free_block_ids) == [2, 1] and alloc.lookup_prefix([5, 6, 7, 8]) == [a]
+    assert (alloc.allocate(), alloc.allocate()) == (2, 1)
+    with pytest.raises(BlockPoolExhaustedError, match="BlockAllocator exhausted: all 3 blocks of 2 positions"):
+        alloc.allocate()
+    with pytest.raises(ValueError, match="BlockAllocator num_blocks"):
+        BlockAllocator(0, 2)
+    with pytest.raises(ValueError, match="block_id 2 is free"):
+        BlockAllocator(3, 2).incref(2)
+
+
+def test_new_sequence_takes_its_prefix_blocks_through_the_allocator():
+    pool, cache = make(num_blocks=4, block_size=2)
+    a = cache.new_sequence()
+    cache.append(a, *kv_of_tokens([1, 2, 3, 4, 5], 0), token_ids=[1, 2, 3, 4, 5])
+    b = cache.new_sequence([1, 2, 3, 4, 9])
+    assert b.block_table == a.block_table[:2] and b.length == 4 and b.token_ids == [1, 2, 3, 4]
+    assert [pool.ref_counts[i] for i in a.block_table] == [2, 2, 1]

@@ -1,5 +1,5 @@
 """Perplexity, token windows, temporary weight swaps, activation maxima, SmoothQuant and W8A8
-(course_lib.quant.perplexity / outliers / smoothquant; docs/quantization.md)."""
+(course_lib.quant.perplexity / layers / outliers / smoothquant; docs/quantization.md)."""
 from __future__ import annotations
 
 import math

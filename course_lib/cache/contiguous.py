@@ -13,6 +13,9 @@ import torch
 
 from ..validation import ArgumentTypeError, instance, integer, nonnegative_integer, positive_integer
 
+#: The sizes ``KVCache.for_model`` reads from a model's config.
+MODEL_SIZES = ("n_layers", "n_kv_heads", "head_dim", "max_seq_len")
+
 
 def _floating_dtype(name: str, dtype) -> torch.dtype:
     instance(name, dtype, torch.dtype)
@@ -59,21 +62,26 @@ class KVCache:
     @classmethod
     def for_model(cls, config, batch: int = 1, max_len: int | None = None,
                   dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> "KVCache":
-        """A cache sized for a ``ModelConfig``.
+        """A cache sized for a model's config.
 
         Args:
-            config: the model's ``ModelConfig`` (n_layers, n_kv_heads, head_dim come from it).
+            config: the model's ``ModelConfig`` (``course_lib.models.config``), or any object with
+                the four sizes read from it: n_layers, n_kv_heads, head_dim and max_seq_len. The
+                caches sit below the models in the library's layers (docs/architecture.md#layers),
+                so the config is read, not imported.
             batch: sequences, an int >= 1.
             max_len: slots, an int in [1, config.max_seq_len]; None means config.max_seq_len.
                 One sequence never needs more slots than it has valid positions.
 
         Raises:
-            ArgumentTypeError: ``config`` not a ModelConfig; a non-int size; a non-floating dtype.
+            ArgumentTypeError: ``config`` lacks one of the four sizes; a non-int size; a non-floating
+                dtype.
             ValueError: ``batch`` < 1, ``max_len`` outside [1, config.max_seq_len].
         """
-        from ..models.config import ModelConfig  # here: models imports this module
-
-        instance("config", config, ModelConfig)
+        missing = [name for name in MODEL_SIZES if not hasattr(config, name)]
+        if missing:
+            raise ArgumentTypeError(f"config must be a ModelConfig (an object with {', '.join(MODEL_SIZES)}), "
+                                    f"got {type(config).__qualname__} without {', '.join(missing)}")
         if max_len is None:
             max_len = config.max_seq_len
         max_len = integer("max_len", max_len, minimum=1, maximum=config.max_seq_len,

@@ -20,7 +20,11 @@ Vocabulary (units are token positions unless stated otherwise):
   (copy-on-write). Full blocks are never written again, so sharing them is free;
 - a *full* block whose token ids are known is registered under a hash that chains the
   previous block's hash with its own token ids, so equal hashes mean equal whole
-  prefixes; ``BlockPool.lookup_prefix`` finds the longest run of such cached blocks.
+  prefixes; ``BlockAllocator.lookup_prefix`` finds the longest run of such cached blocks.
+
+Two classes keep the blocks: ``BlockAllocator`` the ids, ref counts, free list and prefix index,
+and ``BlockPool``, an allocator whose ids also index one layer's K/V storage (what
+``PagedKVCache`` reads and writes). The serving engine uses the allocator alone.
 
 This is the course's reference: learners re-implement ``append``/``read`` and the graders
 compare against it. It is written for clarity, not speed (Python loops over blocks).
@@ -38,6 +42,7 @@ from ..validation import (ArgumentTypeError, boolean, instance, integer, is_inte
                           positive_integer, token_ids as _check_token_ids)
 
 __all__ = [
+    "BlockAllocator",
     "BlockPool",
     "BlockPoolExhaustedError",
     "PagedKVCache",
@@ -86,21 +91,20 @@ def _floating(name: str, x) -> torch.Tensor:
     return x
 
 
-class BlockPool:
-    """Physical K/V blocks for ONE layer, with reference counts and a prefix-hash index.
+class BlockAllocator:
+    """Block ids, reference counts, the free list and the prefix-hash index of a paged cache,
+    without any storage: the bookkeeping half of course Lab 2's paged KV cache.
 
-    One layer is enough for the course (the block tables are the same for every layer of
-    a model; a real engine keeps a (n_layers, ...) storage indexed by the same ids).
+    ``BlockPool`` is this allocator with one layer's K/V storage indexed by its ids; the serving
+    engine (``course_lib.engine.block_manager``) uses the allocator alone, its K/V of every layer
+    living in the model runner's storage under the same ids (nano-vllm splits its
+    ``BlockManager`` from the ``ModelRunner``'s cache the same way).
 
     Args:
         num_blocks: number of physical blocks (positive int).
         block_size: positions per block (positive int; 16 in course Lab 2).
-        n_kv_heads, head_dim: sizes of one position's K (and V) (positive ints).
-        dtype: storage dtype (float32 by default).
-        device: storage device ("cpu" by default).
 
     Attributes:
-        k, v: (num_blocks, block_size, n_kv_heads, head_dim) storage tensors.
         free_block_ids: deque of free block ids; ``allocate`` pops from the left,
             freed blocks are appended on the right.
         ref_counts: list of ints, one per block; 0 means free.
@@ -110,47 +114,23 @@ class BlockPool:
         block_token_ids: list, per block: its token ids (tuple) once registered, else
             None; guards ``lookup_prefix`` against hash collisions.
 
-    Errors:
+    Errors (messages start with the class name, ``BlockPool`` for a pool):
         ArgumentTypeError (a TypeError, also a ValueError): a size or block id that is not an
-            int (bool, float, tensor), a non-floating dtype.
+            int (bool, float, tensor).
         ValueError: a size < 1, a block id outside 0 .. num_blocks - 1 or free where a live
             block is needed (see ``check_id``).
         BlockPoolExhaustedError: ``allocate`` with no free block.
     """
 
-    #: The attributes that make up a pool's state, in the order they are restored: what crosses the
-    #: grading judge's plain-data channel (course_grader.remote) when a checker passes a pool to a
-    #: learner's function. A new attribute must be listed here (tests/test_judge.py checks).
-    WIRE_STATE = ("num_blocks", "block_size", "k", "v", "free_block_ids", "ref_counts", "hash_to_block_id",
-                  "block_hashes", "block_token_ids")
-
-    def __init__(self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
-        num_blocks = positive_integer("BlockPool num_blocks", num_blocks)
-        block_size = positive_integer("BlockPool block_size", block_size)
-        n_kv_heads = positive_integer("BlockPool n_kv_heads", n_kv_heads)
-        head_dim = positive_integer("BlockPool head_dim", head_dim)
-        instance("BlockPool dtype", dtype, torch.dtype)
-        if not dtype.is_floating_point:
-            raise ArgumentTypeError(f"BlockPool dtype must be a floating torch dtype, got {dtype}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        shape = (num_blocks, block_size, n_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.free_block_ids: deque[int] = deque(range(num_blocks))
-        self.ref_counts: list[int] = [0] * num_blocks
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        name = type(self).__name__
+        self.num_blocks = positive_integer(f"{name} num_blocks", num_blocks)
+        self.block_size = positive_integer(f"{name} block_size", block_size)
+        self.free_block_ids: deque[int] = deque(range(self.num_blocks))
+        self.ref_counts: list[int] = [0] * self.num_blocks
         self.hash_to_block_id: dict[int, int] = {}
-        self.block_hashes: list[int | None] = [None] * num_blocks
-        self.block_token_ids: list[tuple[int, ...] | None] = [None] * num_blocks
-
-    @property
-    def n_kv_heads(self) -> int:
-        return self.k.shape[2]
-
-    @property
-    def head_dim(self) -> int:
-        return self.k.shape[3]
+        self.block_hashes: list[int | None] = [None] * self.num_blocks
+        self.block_token_ids: list[tuple[int, ...] | None] = [None] * self.num_blocks
 
     @property
     def num_free(self) -> int:
@@ -180,12 +160,12 @@ class BlockPool:
         """
         if not self.free_block_ids:
             raise BlockPoolExhaustedError(
-                f"BlockPool exhausted: all {self.num_blocks} blocks of {self.block_size} "
+                f"{type(self).__name__} exhausted: all {self.num_blocks} blocks of {self.block_size} "
                 f"positions are in use; release a sequence or build a larger pool")
         block_id = self.free_block_ids.popleft()
         # Invariant: a block on the free list has ref count 0 and no hash.
         if self.ref_counts[block_id] != 0 or self.block_hashes[block_id] is not None:
-            raise RuntimeError(f"BlockPool corrupted: free block {block_id} has ref_count "
+            raise RuntimeError(f"{type(self).__name__} corrupted: free block {block_id} has ref_count "
                                f"{self.ref_counts[block_id]} or a hash")
         self.ref_counts[block_id] = 1
         return block_id
@@ -274,6 +254,64 @@ class BlockPool:
                 break
             found.append(block_id)
         return found
+
+    def acquire_prefix(self, token_ids: Sequence[int]) -> list[int]:
+        """``lookup_prefix(token_ids)``, each block found incref'd: the cached blocks a new sequence
+        that starts with ``token_ids`` takes a reference to (its first ``len(result)`` table entries).
+
+        Raises: as ``lookup_prefix``."""
+        found = self.lookup_prefix(token_ids)
+        for block_id in found:
+            self.incref(block_id)
+        return found
+
+
+class BlockPool(BlockAllocator):
+    """Physical K/V blocks for ONE layer: a ``BlockAllocator`` whose block ids index K/V storage.
+
+    One layer is enough for the course (the block tables are the same for every layer of
+    a model; a real engine keeps a (n_layers, ...) storage indexed by the same ids).
+
+    Args:
+        num_blocks: number of physical blocks (positive int).
+        block_size: positions per block (positive int; 16 in course Lab 2).
+        n_kv_heads, head_dim: sizes of one position's K (and V) (positive ints).
+        dtype: storage dtype (float32 by default).
+        device: storage device ("cpu" by default).
+
+    Attributes:
+        k, v: (num_blocks, block_size, n_kv_heads, head_dim) storage tensors.
+        free_block_ids, ref_counts, hash_to_block_id, block_hashes, block_token_ids: the
+            allocator's (see ``BlockAllocator``).
+
+    Errors: as ``BlockAllocator``, and ArgumentTypeError for a non-floating dtype.
+    """
+
+    #: The attributes that make up a pool's state, in the order they are restored: what crosses the
+    #: grading judge's plain-data channel (course_grader.remote) when a checker passes a pool to a
+    #: learner's function. A new attribute must be listed here (tests/test_judge.py checks).
+    WIRE_STATE = ("num_blocks", "block_size", "k", "v", "free_block_ids", "ref_counts", "hash_to_block_id",
+                  "block_hashes", "block_token_ids")
+
+    def __init__(self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+        super().__init__(num_blocks, block_size)
+        n_kv_heads = positive_integer("BlockPool n_kv_heads", n_kv_heads)
+        head_dim = positive_integer("BlockPool head_dim", head_dim)
+        instance("BlockPool dtype", dtype, torch.dtype)
+        if not dtype.is_floating_point:
+            raise ArgumentTypeError(f"BlockPool dtype must be a floating torch dtype, got {dtype}")
+        shape = (self.num_blocks, self.block_size, n_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.k.shape[3]
 
 
 @dataclass
@@ -382,9 +420,7 @@ class PagedKVCache:
         if prefix_token_ids is None:
             return PagedSequence()
         tokens = _check_token_ids("prefix_token_ids", prefix_token_ids)
-        reused = self.pool.lookup_prefix(tokens)
-        for block_id in reused:
-            self.pool.incref(block_id)
+        reused = self.pool.acquire_prefix(tokens)
         length = len(reused) * self.block_size
         return PagedSequence(block_table=list(reused), length=length, token_ids=tokens[:length])
 

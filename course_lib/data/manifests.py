@@ -45,8 +45,7 @@ def manifest_dir() -> Path:
     env = os.environ.get("COURSE_LIB_MANIFESTS")
     if env:
         return Path(env)
-    import course_lib
-    return Path(course_lib.__file__).resolve().parents[1] / "data_manifests"
+    return Path(__file__).resolve().parents[2] / "data_manifests"      # course_lib/data/ -> <repo>
 
 
 def manifest_names() -> list[str]:

@@ -1,7 +1,7 @@
 """A small serving engine: continuous batching of the course's decoder over a paged KV cache.
 
 Built from the course's own parts, one module each, in reading order (``docs/engine.md``):
-``sequence`` (a request's state), ``block_manager`` (Lab 2's block pool for all layers),
+``sequence`` (a request's state), ``block_manager`` (Lab 2's block allocator for all layers),
 ``scheduler`` (Lab 3's chunked scheduling step on real sequences), ``runner`` (one batched forward
 over the paged cache), ``engine`` (``Engine``: add_request / step / run). ``calibrate`` fits Lab 3's
 cost model to the engine's measured iterations and compares the simulator with the engine;

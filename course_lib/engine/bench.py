@@ -97,7 +97,7 @@ def paged_decode_step(model: Decoder, batch: int, context: int, block_size: int 
     model(ids, torch.arange(context), cache, last_only=True)
     inputs = []
     for b in range(batch):
-        table = [blocks.pool.allocate() for _ in range(-(-(context + 1) // block_size))]
+        table = [blocks.allocator.allocate() for _ in range(-(-(context + 1) // block_size))]
         slots = torch.tensor([table[p // block_size] * block_size + p % block_size for p in range(context + 1)])
         for layer in range(c.n_layers):
             for store, filled in ((runner.k_cache[layer], cache.k[layer, b]), (runner.v_cache[layer], cache.v[layer, b])):

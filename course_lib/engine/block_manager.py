@@ -1,13 +1,14 @@
-"""The engine's block manager: Lab 2's ``BlockPool`` accounting for every layer at once.
+"""The engine's block manager: Lab 2's block accounting for every layer at once.
 
-The pool of ``cache/paged.py`` keeps ids, ref counts, a free list and the chained prefix hashes;
-here it is used for exactly that, while the K/V of all layers live in the model runner's storage
-(``runner.py``), indexed by the same block ids (nano-vllm splits ``BlockManager`` and the
-``ModelRunner``'s cache the same way). What the engine adds on top of Lab 2:
+The ``BlockAllocator`` of ``cache/paged.py`` keeps ids, ref counts, a free list and the chained
+prefix hashes (Lab 2's ``BlockPool`` is that allocator with one layer's K/V storage); here it is
+used alone, while the K/V of all layers live in the model runner's storage (``runner.py``),
+indexed by the same block ids (nano-vllm splits ``BlockManager`` and the ``ModelRunner``'s cache
+the same way). What the engine adds on top of Lab 2:
 
 - ``admit``: a sequence joining the running set reuses the cached full blocks of its tokens
-  (``PagedKVCache.new_sequence``), at most up to its next-to-last token, so its last position is
-  always computed (the logits of the next token come from it);
+  (``BlockAllocator.acquire_prefix``), at most up to its next-to-last token, so its last position
+  is always computed (the logits of the next token come from it);
 - ``reserve``: before a forward, grow a sequence's block table for its chunk and return the flat
   slots (block_id * block_size + offset) its new K/V go to;
 - ``commit``: after the forward, mark the positions filled and hash the blocks that became full;
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable
 
-from ..cache.paged import BlockPool, BlockPoolExhaustedError, PagedKVCache, PagedSequence
+from ..cache.paged import BlockAllocator, BlockPoolExhaustedError, PagedSequence
 from ..validation import positive_integer
 from .sequence import Sequence
 
@@ -38,53 +39,54 @@ class BlockManager:
         num_blocks: physical blocks (int >= 1). block_size: positions per block (int >= 1).
 
     Attributes:
-        pool: the ``BlockPool`` doing the accounting. Its own storage is one position wide
-            (1 KV head of width 1): the K/V themselves are in the model runner.
+        allocator: the ``BlockAllocator`` doing the accounting (the K/V are in the model runner).
         prefix_hits: positions reused from the prefix cache so far (an int).
     """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         num_blocks = positive_integer("num_blocks", num_blocks)
         block_size = positive_integer("block_size", block_size)
-        self.pool = BlockPool(num_blocks, block_size, n_kv_heads=1, head_dim=1)
-        self._cache = PagedKVCache(self.pool)
+        self.allocator = BlockAllocator(num_blocks, block_size)
         self.prefix_hits = 0
 
     @property
     def block_size(self) -> int:
-        return self.pool.block_size
+        return self.allocator.block_size
 
     @property
     def num_blocks(self) -> int:
-        return self.pool.num_blocks
+        return self.allocator.num_blocks
 
     @property
     def num_free(self) -> int:
-        return self.pool.num_free
+        return self.allocator.num_free
 
     def admit(self, seq: Sequence) -> int:
         """Give a waiting sequence its block table, reusing cached full blocks of its tokens up to its
         next-to-last one (incref'd). Returns the positions reused (a multiple of block_size, >= 0)."""
-        seq.paged = self._cache.new_sequence(seq.token_ids[:seq.target - 1])
-        self.prefix_hits += seq.paged.length
-        return seq.paged.length
+        tokens = list(seq.token_ids[:seq.target - 1])
+        reused = self.allocator.acquire_prefix(tokens)
+        length = len(reused) * self.block_size
+        seq.paged = PagedSequence(block_table=reused, length=length, token_ids=tokens[:length])
+        self.prefix_hits += length
+        return length
 
     def reserve(self, seq: Sequence, n_new: int) -> list[int]:
         """Allocate the blocks positions filled .. filled + n_new - 1 need; return their flat slots.
 
-        Raises: BlockPoolExhaustedError when the pool lacks blocks (nothing is allocated then; the
+        Raises: BlockPoolExhaustedError when the allocator lacks blocks (nothing is allocated then; the
         scheduler's capacity rule keeps this from happening, see ``Scheduler``)."""
         paged, bs = seq.paged, self.block_size
         start = paged.length
         need = -(-(start + n_new) // bs) - len(paged.block_table)
-        if start % bs and self.pool.ref_counts[paged.block_table[-1]] > 1:
+        if start % bs and self.allocator.ref_counts[paged.block_table[-1]] > 1:
             raise RuntimeError(f"sequence {seq.rid} would write into shared block {paged.block_table[-1]}: "
                                "only full blocks are shared in the engine")
-        if need > self.pool.num_free:
+        if need > self.allocator.num_free:
             raise BlockPoolExhaustedError(f"sequence {seq.rid} needs {need} more blocks for {n_new} positions; "
-                                          f"{self.pool.num_free} of {self.num_blocks} are free")
+                                          f"{self.allocator.num_free} of {self.num_blocks} are free")
         for _ in range(need):
-            paged.block_table.append(self.pool.allocate())
+            paged.block_table.append(self.allocator.allocate())
         table = paged.block_table
         return [table[p // bs] * bs + p % bs for p in range(start, start + n_new)]
 
@@ -96,13 +98,16 @@ class BlockManager:
         paged.token_ids.extend(seq.token_ids[start:start + n_new])
         paged.length = start + n_new
         for index in range(start // bs, paged.length // bs):
-            prefix = self.pool.block_hashes[paged.block_table[index - 1]] if index else None
-            self.pool.register_full_block(paged.block_table[index], paged.token_ids[index * bs:(index + 1) * bs],
-                                          prefix)
+            prefix = self.allocator.block_hashes[paged.block_table[index - 1]] if index else None
+            self.allocator.register_full_block(paged.block_table[index],
+                                               paged.token_ids[index * bs:(index + 1) * bs], prefix)
 
     def free(self, seq: Sequence) -> None:
-        """Drop the sequence's references (blocks at ref count 0 return to the free list)."""
-        self._cache.release(seq.paged)
+        """Drop the sequence's references (blocks at ref count 0 return to the free list).
+
+        Raises: ValueError for a table entry that is already free (a double free)."""
+        for block_id in seq.paged.block_table:
+            self.allocator.decref(block_id)
         seq.paged = PagedSequence()
 
     def audit(self, live: Iterable[Sequence]) -> None:
@@ -111,10 +116,10 @@ class BlockManager:
         Raises: RuntimeError naming the first broken invariant (a leak, a negative or wrong ref count,
         a block both free and referenced)."""
         uses = Counter(b for seq in live for b in seq.paged.block_table)
-        pool = self.pool
-        for block_id, count in enumerate(pool.ref_counts):
+        blocks = self.allocator
+        for block_id, count in enumerate(blocks.ref_counts):
             if count < 0 or count != uses.get(block_id, 0):
                 raise RuntimeError(f"block {block_id}: ref count {count} but {uses.get(block_id, 0)} table entries")
-        free = set(pool.free_block_ids)
-        if len(free) != len(pool.free_block_ids) or free != {b for b, c in enumerate(pool.ref_counts) if c == 0}:
-            raise RuntimeError(f"free list {sorted(pool.free_block_ids)} is not the set of unreferenced blocks")
+        free = set(blocks.free_block_ids)
+        if len(free) != len(blocks.free_block_ids) or free != {b for b, c in enumerate(blocks.ref_counts) if c == 0}:
+            raise RuntimeError(f"free list {sorted(blocks.free_block_ids)} is not the set of unreferenced blocks")

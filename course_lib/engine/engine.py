@@ -2,7 +2,7 @@
 
 ``Engine.step`` is one iteration: requests that have arrived join the queue, the scheduler
 (``scheduler.py``: Lab 3's chunked step) decides admissions, preemptions and chunks, the block
-manager (``block_manager.py``: Lab 2's block pool) reserves their slots, the model runner
+manager (``block_manager.py``: Lab 2's block allocator) reserves their slots, the model runner
 (``runner.py``) computes them in one batched forward, and every chunk that completes its
 sequence's target yields one greedy token. ``Engine.run(trace)`` serves a whole trace and returns
 Lab 3's ``RequestRecord`` per request, so ``scheduling.metrics`` reads an engine run and a
@@ -29,13 +29,13 @@ from typing import Callable, Sequence as Seq
 
 import torch
 
+from ..models.config import weight_bytes
 from ..models.decoder import Decoder
 from ..scheduling.step import CHUNK_BUDGET, RequestTooLargeError, admit_limit
 from ..scheduling.workload import RequestRecord
 from ..validation import boolean, instance, integer, nonnegative_number, positive_integer, token_ids
 from .block_manager import BlockManager
 from .runner import ChunkInput, ModelRunner
-from ..models.bench import weight_bytes
 from .scheduler import Scheduler, scheduling_deployment
 from .sequence import Sequence
 

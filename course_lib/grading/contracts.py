@@ -6,8 +6,8 @@ failure, raises ``ContractError`` with a message that says what differs and wher
   failure the first step and position over tolerance, its error, the reference's top-2
   gap there, and whether (and where) the greedy tokens diverged;
 - byte counts: exact integer equality with a product formula; on failure both numbers
-  and the term(s) of the formula that would explain the difference;
-- first divergence of two token sequences.
+  and the term(s) of the formula that would explain the difference.
+The first divergence of two token streams and the top-2 gap come from ``course_lib.divergence``.
 
 Nothing here trusts a learner object: values are checked for their exact type, dtype
 and shape before any comparison, so an object whose ``==`` always returns True fails.
@@ -32,6 +32,8 @@ from types import TracebackType
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
+
+from ..divergence import first_divergence, top2_gap
 
 
 class ContractError(AssertionError):
@@ -241,8 +243,8 @@ def check_significant(actual, expected: float, *, figures: int = 4, what: str = 
 
 def check_own_function(name: str, fn) -> None:
     """Refuse what is not a callable, an exercise not written yet, and course_lib's own reference
-    passed off as the learner's (direct reuse; the grader flags wrappers around a reference from
-    the solution cells and the calls it watches, ``course_grader.provenance``).
+    passed off as the learner's (direct reuse; the grader flags a wrapper around a reference when
+    the reference's code runs during the calls it watches, ``course_grader.provenance``).
 
     Raises:
         ContractError: FN is not callable, or is course_lib's function.
@@ -340,16 +342,6 @@ def diagnose(err: ContractError | str, got: Any, variants: Mapping[str, Callable
     return named_faults(err, matches)
 
 
-# -- first divergence --------------------------------------------------------------------
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Index of the first position where two token sequences differ; when one is a proper
-    prefix of the other, the shorter length; None when they are equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def _tolerances(dtype: torch.dtype, atol, rtol):
     """(atol, rtol): the given values, or the dtype's defaults from LOGIT_TOLERANCES."""
     default_atol, default_rtol = LOGIT_TOLERANCES.get(dtype, (1e-5, 1e-5))
@@ -357,12 +349,6 @@ def _tolerances(dtype: torch.dtype, atol, rtol):
 
 
 # -- logit equivalence -------------------------------------------------------------------
-def top2_gap(logits: torch.Tensor) -> torch.Tensor:
-    """Largest minus second-largest logit along the last axis (a near-tie has a small gap)."""
-    top = logits.to(torch.float64).topk(2, dim=-1).values
-    return top[..., 0] - top[..., 1]
-
-
 def check_logits_close(actual, expected: torch.Tensor, *, what: str = "logits",
                        atol: float | None = None, rtol: float | None = None,
                        tokens_actual: Sequence[int] | None = None,

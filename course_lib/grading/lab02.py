@@ -19,12 +19,13 @@ import torch
 
 from ..cache.contiguous import KVCache
 from ..cache.paged import BlockPool, PagedSequence
+from ..divergence import first_divergence
 from ..models.attention import attend_with_cache, causal_attention
 from ..models.config import ModelConfig, toy_config
 from ..models.decoder import Decoder, generate_full_recompute
 from ..models.rope import apply_rope
 from .contracts import (ContractError, check_bytes, check_close, check_int_list, check_logits_close,
-                        check_own_function, check_tensor, diagnose, first_divergence, with_diagnosis)
+                        check_own_function, check_tensor, diagnose, with_diagnosis)
 from .tables import Contract, Edit, Fault, Writes, check_tables
 
 # -- helpers ----------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 
 from ..cache.contiguous import KVCache
+from ..divergence import first_divergence, top2_gap
 from ..models.config import toy_config
 from ..models.decoder import Decoder, generate_cached
 from ..speculative import analysis
@@ -40,7 +41,7 @@ from ..speculative.exact import MarkovLM, chi_square_test, continuation_probabil
 from ..speculative.greedy import generate_speculative, speculative_step
 from ..speculative.sampling import acceptance_probability, accept_or_resample, total_variation
 from .contracts import (ContractError, attempts, check_int_list, check_own_function, check_real, diagnose,
-                        first_divergence, top2_gap, with_diagnosis)
+                        with_diagnosis)
 from .tables import Contract, Edit, Fault, Writes, check_tables
 
 #: Probability that a correct implementation fails one statistical check (all its tests together,

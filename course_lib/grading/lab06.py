@@ -27,10 +27,11 @@ from typing import Callable
 import torch
 
 from ..batching import REPORT_KEYS, divergence_report
+from ..divergence import first_divergence, top2_gap
 from ..models.config import toy_config
 from ..models.decoder import Decoder
 from .contracts import (ContractError, check_logits_close, check_own_function, check_real, check_tensor,
-                        first_divergence, with_diagnosis)
+                        with_diagnosis)
 from .tables import Contract, Edit, Fault, check_tables
 
 #: Decode steps each padded batch continues for after its prefill.
@@ -234,8 +235,7 @@ def _with_fault(message: str, key: str, value, st, bt, sl, bl, first) -> Contrac
         if steps == 0:
             continue
         diff = float((sl[:steps].double() - bl[:steps].double()).abs().max())
-        gaps = sl[:steps].double().topk(2, dim=-1).values
-        gaps = gaps[:, 0] - gaps[:, 1]
+        gaps = top2_gap(sl[:steps])
         variants[label] = {"compared_steps": steps, "max_logit_difference": diff,
                            "smallest_top2_gap": float(gaps.min()), "gap_step": int(gaps.argmin())}
 

@@ -20,13 +20,20 @@ How a kernel runs depends on :func:`triton_mode`:
 - ``"unavailable"``: triton does not import (macOS, Windows) or there is neither a CUDA device
   nor the interpreter; the public functions fall back to their PyTorch reference and print a
   one-line notice once per process.
+
+Every kernel module takes the same three pieces from here: :func:`import_triton` (``triton`` and
+``triton.language``, or None where triton does not import), :func:`kernel_interpreted` (whether
+``@triton.jit`` built a kernel for the interpreter) and :func:`fallback_notice` (whether a call
+must use the PyTorch reference, and the one-line notice that says why).
 """
 from __future__ import annotations
 
 import os
 import sys
+from types import ModuleType
 
-__all__ = ["TritonMode", "triton_mode", "notice_once"]
+__all__ = ["TritonMode", "triton_mode", "notice_once", "triton_import_error", "import_triton", "kernel_interpreted",
+           "fallback_notice"]
 
 _TRUTHY = {"1", "true", "yes", "on", "y"}
 
@@ -60,10 +67,9 @@ def triton_mode() -> TritonMode:
         A :class:`TritonMode` equal to ``"native"``, ``"interpreter"`` or ``"unavailable"``,
         with ``.reason`` a one-line explanation (the import error, the device found, ...).
     """
-    try:
-        import triton  # noqa: F401  (imported for the side effect of checking availability)
-    except Exception as exc:  # ImportError on macOS/Windows, occasionally a broken install
-        return TritonMode("unavailable", f"triton does not import ({type(exc).__name__}: {exc})")
+    error = triton_import_error()
+    if error is not None:
+        return TritonMode("unavailable", f"triton does not import ({error})")
     version = getattr(sys.modules["triton"], "__version__", "?")
     if interpreter_requested():
         return TritonMode("interpreter", f"TRITON_INTERPRET=1 with triton {version}: kernels run on CPU tensors")
@@ -86,3 +92,63 @@ def notice_once(key: str, message: str) -> None:
         return
     _NOTICES_SHOWN.add(key)
     print(message, file=sys.stderr, flush=True)
+
+
+def triton_import_error() -> str | None:
+    """Why ``import triton`` (and ``triton.language``) fails in this process, as
+    ``"ImportError: ..."``, or None when both import."""
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception as exc:  # ImportError on macOS/Windows, occasionally a broken install
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def import_triton() -> tuple[ModuleType, ModuleType] | tuple[None, None]:
+    """``(triton, triton.language)``, or ``(None, None)`` where triton does not import (it is
+    Linux x86_64 only; the PyTorch references work everywhere).
+
+    A kernel module calls it once, at import, and defines its ``@triton.jit`` kernels only when the
+    modules came back: ``triton, tl = import_triton()``. ``TRITON_INTERPRET`` must be set before that
+    import (see the module docstring)."""
+    if triton_import_error() is not None:
+        return None, None
+    return sys.modules["triton"], sys.modules["triton.language"]
+
+
+def kernel_interpreted(kernel) -> bool:
+    """True when ``kernel`` (a ``@triton.jit`` function, or None where triton does not import) was
+    built for Triton's interpreter. The decorator reads ``TRITON_INTERPRET`` when the kernel's module
+    is imported, so this records what it built, whatever the environment says later."""
+    return kernel is not None and type(kernel).__name__ == "InterpretedFunction"
+
+
+def fallback_notice(where: str, key: str, kernel, mode: TritonMode, tensor) -> tuple[str, str] | None:
+    """``(notice key, one-line message)`` when a call of the kernel behind ``where`` must use its
+    PyTorch reference, None when the kernel runs.
+
+    The reference answers when triton does not import or ``mode`` is ``"unavailable"``; when the
+    kernel was built for the interpreter and ``tensor`` is on CUDA (the interpreter runs on CPU
+    tensors); and when it was compiled but ``tensor`` is on the CPU. Pass the result to
+    :func:`notice_once`, so each reason prints once per process.
+
+    Args:
+        where: the public name the notice starts with (``"course_lib.kernels.gemv"``).
+        key: the prefix of the notice keys (``"gemv"`` gives ``"gemv-fallback"``, ...).
+        kernel: the module's ``@triton.jit`` kernel, or None.
+        mode: this process's :func:`triton_mode` (the caller's, so that a test can replace it).
+        tensor: the call's main input (its device decides).
+    """
+    if kernel is None or mode == "unavailable":
+        return f"{key}-fallback", f"{where}: using the PyTorch reference ({mode.reason})."
+    if kernel_interpreted(kernel):
+        if tensor.is_cuda:
+            return (f"{key}-interp-cuda", f"{where}: interpreter mode with CUDA tensors; using the PyTorch "
+                    "reference (the interpreter runs on CPU tensors).")
+        return None
+    if not tensor.is_cuda:
+        reason = ("TRITON_INTERPRET was set after the kernel module was imported"
+                  if mode == "interpreter" else "compiled Triton needs CUDA tensors")
+        return f"{key}-native-cpu", f"{where}: {tensor.device} tensors, {reason}; using the PyTorch reference."
+    return None

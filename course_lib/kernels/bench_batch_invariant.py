@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from . import triton_import_error
+
 DEFAULT_SHAPES = "576x576,1536x576,576x1536,49152x576"
 
 
@@ -83,10 +85,9 @@ def _run_interpret_check() -> int:
 
 
 def _interpret_check_in_child() -> int:
-    try:
-        import triton  # noqa: F401
-    except Exception as exc:
-        print(f"interpreter check not run: triton does not import here ({type(exc).__name__}: {exc})")
+    error = triton_import_error()
+    if error is not None:
+        print(f"interpreter check not run: triton does not import here ({error})")
         return 0
     # TRITON_INTERPRET must be set before the kernels are defined, so the check runs in a fresh
     # process; course_lib's parent folder goes on its path in case course_lib is not installed.

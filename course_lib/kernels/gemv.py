@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..validation import instance, power_of_two
-from . import notice_once, triton_mode
+from . import fallback_notice, import_triton, kernel_interpreted, notice_once, triton_mode
 
 __all__ = ["reference_gemv", "gemv", "SUPPORTED_DTYPES", "DEFAULT_BLOCK_M", "DEFAULT_BLOCK_N"]
 
@@ -31,12 +31,7 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 DEFAULT_BLOCK_M = 16
 DEFAULT_BLOCK_N = 256
 
-try:
-    import triton
-    import triton.language as tl
-except Exception:  # triton is Linux x86_64 only; the reference still works elsewhere
-    triton = None
-    tl = None
+triton, tl = import_triton()
 
 if triton is not None:
 
@@ -64,12 +59,11 @@ if triton is not None:
             xv = tl.load(x_ptr + cols.to(tl.int64) * stride_x, mask=col_mask, other=0.0)
             acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
         tl.store(y_ptr + rows, acc, mask=row_mask)
-
-    # The decorator read TRITON_INTERPRET when this module was imported: record what it built.
-    KERNEL_INTERPRETED = type(_gemv_kernel).__name__ == "InterpretedFunction"
 else:
     _gemv_kernel = None
-    KERNEL_INTERPRETED = False
+
+#: Whether ``@triton.jit`` built the kernel for the interpreter (TRITON_INTERPRET at this module's import).
+KERNEL_INTERPRETED = kernel_interpreted(_gemv_kernel)
 
 
 def _check_inputs(W: torch.Tensor, x: torch.Tensor) -> tuple[int, int]:
@@ -141,20 +135,9 @@ def gemv(
     block_m = power_of_two("block_m", block_m, note="tl.arange needs one")
     block_n = power_of_two("block_n", block_n, note="tl.arange needs one")
 
-    mode = triton_mode()
-    if _gemv_kernel is None or mode == "unavailable":
-        notice_once("gemv-fallback", f"course_lib.kernels.gemv: using the PyTorch reference ({mode.reason}).")
-        return reference_gemv(W, x)
-    if KERNEL_INTERPRETED:
-        if W.is_cuda:
-            notice_once("gemv-interp-cuda", "course_lib.kernels.gemv: interpreter mode with CUDA tensors; "
-                        "using the PyTorch reference (the interpreter runs on CPU tensors).")
-            return reference_gemv(W, x)
-    elif not W.is_cuda:
-        reason = ("TRITON_INTERPRET was set after the kernel module was imported"
-                  if mode == "interpreter" else "compiled Triton needs CUDA tensors")
-        notice_once("gemv-native-cpu", f"course_lib.kernels.gemv: {W.device} tensors, {reason}; "
-                    "using the PyTorch reference.")
+    fallback = fallback_notice("course_lib.kernels.gemv", "gemv", _gemv_kernel, triton_mode(), W)
+    if fallback is not None:
+        notice_once(*fallback)
         return reference_gemv(W, x)
 
     y = torch.empty(M, dtype=torch.float32, device=W.device)

@@ -76,7 +76,7 @@ import math
 import torch
 
 from ..validation import ArgumentTypeError, instance, positive_integer, power_of_two
-from . import notice_once, triton_mode
+from . import fallback_notice, import_triton, kernel_interpreted, notice_once, triton_mode
 
 __all__ = ["reference_paged_decode_attention", "paged_decode_attention_unchecked", "gather_blocks",
            "check_paged_decode_inputs", "write_slots", "paged_decode_attention", "paged_decode_kernel_unchecked",
@@ -94,12 +94,7 @@ PROGRAMS_PER_SM = 4
 _MAX_PRODUCT_TILE = 8192
 _LOG2E = 1.4426950408889634  # log2(e): exp(x) = 2 ** (x * log2(e))
 
-try:
-    import triton
-    import triton.language as tl
-except Exception:  # triton is Linux x86_64 only; the reference still works elsewhere
-    triton = None
-    tl = None
+triton, tl = import_triton()
 
 if triton is not None:
 
@@ -190,13 +185,12 @@ if triton is not None:
                      + d[None, :] * stride_pd, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
         out = tl.sum(w[:, None] * po, axis=0) / tl.sum(w, axis=0)
         tl.store(o_ptr + b * stride_ob + h * stride_oh + d * stride_od, out.to(o_ptr.dtype.element_ty), mask=d_ok)
-
-    # The decorator read TRITON_INTERPRET when this module was imported: record what it built.
-    KERNEL_INTERPRETED = type(_paged_decode_kernel).__name__ == "InterpretedFunction"
 else:
     _paged_decode_kernel = None
     _combine_splits_kernel = None
-    KERNEL_INTERPRETED = False
+
+#: Whether ``@triton.jit`` built the kernels for the interpreter (TRITON_INTERPRET at this module's import).
+KERNEL_INTERPRETED = kernel_interpreted(_paged_decode_kernel)
 
 
 def check_paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens) -> None:
@@ -419,24 +413,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if q.numel() == 0:  # no sequence (or no head): nothing to read
         return torch.empty(B, Hq, D, dtype=q.dtype, device=q.device)
 
-    mode = triton_mode()
-
-    def fallback(key: str, message: str) -> torch.Tensor:
-        notice_once(key, message)
+    fallback = fallback_notice("course_lib.kernels.paged_attention", "paged-attention", _paged_decode_kernel,
+                               triton_mode(), q)
+    if fallback is not None:
+        notice_once(*fallback)
         return paged_decode_attention_unchecked(q, k_cache, v_cache, block_tables, context_lens)
-
-    where = "course_lib.kernels.paged_attention"
-    if _paged_decode_kernel is None or mode == "unavailable":
-        return fallback("paged-attention-fallback", f"{where}: using the PyTorch reference ({mode.reason}).")
-    if KERNEL_INTERPRETED:
-        if q.is_cuda:
-            return fallback("paged-attention-interp-cuda", f"{where}: interpreter mode with CUDA tensors; "
-                            "using the PyTorch reference (the interpreter runs on CPU tensors).")
-    elif not q.is_cuda:
-        reason = ("TRITON_INTERPRET was set after the kernel module was imported"
-                  if mode == "interpreter" else "compiled Triton needs CUDA tensors")
-        return fallback("paged-attention-native-cpu", f"{where}: {q.device} tensors, {reason}; "
-                        "using the PyTorch reference.")
 
     return paged_decode_kernel_unchecked(q, k_cache, v_cache, block_tables, context_lens, block_n=block_n,
                                          num_splits=num_splits, num_warps=num_warps)

@@ -41,7 +41,7 @@ import torch
 
 from ..quant.packing import PackedInt4, unpack_int4
 from ..validation import ArgumentTypeError, instance, positive_integer, power_of_two
-from . import notice_once, triton_mode
+from . import fallback_notice, import_triton, kernel_interpreted, notice_once, triton_mode
 
 __all__ = [
     "reference_w4a16", "w4a16_matmul", "X_DTYPES", "SCALE_DTYPES", "ZERO_DTYPES",
@@ -58,12 +58,7 @@ DEFAULT_BLOCK_K = 128
 #: columns, two per byte, so its byte tile is block_k / 2 >= 16.
 MIN_BLOCK = {"block_m": 16, "block_n": 16, "block_k": 32}
 
-try:
-    import triton
-    import triton.language as tl
-except Exception:  # triton is Linux x86_64 only; the reference still works elsewhere
-    triton = None
-    tl = None
+triton, tl = import_triton()
 
 if triton is not None:
 
@@ -129,12 +124,11 @@ if triton is not None:
             acc = tl.dot(x_hi, w_hi, acc, input_precision="ieee")
         y_off = rows.to(tl.int64)[:, None] * stride_ym + cols.to(tl.int64)[None, :] * stride_yn
         tl.store(y_ptr + y_off, acc, mask=row_mask[:, None] & col_mask[None, :])
-
-    # The decorator read TRITON_INTERPRET when this module was imported: record what it built.
-    KERNEL_INTERPRETED = type(_w4a16_kernel).__name__ == "InterpretedFunction"
 else:
     _w4a16_kernel = None
-    KERNEL_INTERPRETED = False
+
+#: Whether ``@triton.jit`` built the kernel for the interpreter (TRITON_INTERPRET at this module's import).
+KERNEL_INTERPRETED = kernel_interpreted(_w4a16_kernel)
 
 
 def _dtype_error(name: str, tensor: torch.Tensor, allowed) -> ArgumentTypeError:
@@ -288,23 +282,10 @@ def w4a16_matmul(
                              f"got {value}")
         blocks[name] = value
 
-    mode = triton_mode()
-
-    def fallback(key: str, message: str) -> torch.Tensor:
-        notice_once(key, message)
+    fallback = fallback_notice("course_lib.kernels.w4a16", "w4a16", _w4a16_kernel, triton_mode(), x)
+    if fallback is not None:
+        notice_once(*fallback)
         return reference_w4a16(x[:, perm] if perm is not None else x, packed, scales, group_size, zeros)
-
-    if _w4a16_kernel is None or mode == "unavailable":
-        return fallback("w4a16-fallback", f"course_lib.kernels.w4a16: using the PyTorch reference ({mode.reason}).")
-    if KERNEL_INTERPRETED:
-        if x.is_cuda:
-            return fallback("w4a16-interp-cuda", "course_lib.kernels.w4a16: interpreter mode with CUDA tensors; "
-                            "using the PyTorch reference (the interpreter runs on CPU tensors).")
-    elif not x.is_cuda:
-        reason = ("TRITON_INTERPRET was set after the kernel module was imported"
-                  if mode == "interpreter" else "compiled Triton needs CUDA tensors")
-        return fallback("w4a16-native-cpu", f"course_lib.kernels.w4a16: {x.device} tensors, {reason}; "
-                        "using the PyTorch reference.")
 
     if perm is not None:
         x = x[:, perm]  # stored column j holds W column perm[j]

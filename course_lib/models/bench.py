@@ -42,15 +42,11 @@ import torch.nn.functional as F
 from ..roofline import measure_gemv_bandwidth
 from ..timing import Timing, load_note, measure
 from ..validation import integer
+from .config import weight_bytes
 from .decoder import Decoder
 
-__all__ = ["weight_bytes", "decode_step", "projections_alone", "prefill", "peer_model", "peer_decode_step",
+__all__ = ["decode_step", "projections_alone", "prefill", "peer_model", "peer_decode_step",
            "peer_prefill", "benchmark", "parse_batches", "main"]
-
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of every parameter, each counted once (a tied head shares the embedding's storage)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def _tokens(model: Decoder, batch: int, length: int, seed: int = 0) -> torch.Tensor:

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, asdict
 from numbers import Real
+from typing import TYPE_CHECKING
 
-from ..validation import ArgumentTypeError, boolean, is_integer, one_of, positive_integer, positive_number
+from ..validation import ArgumentTypeError, boolean, instance, is_integer, one_of, positive_integer, positive_number
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 #: Largest ``max_seq_len`` accepted: float32 (in which RoPE angles are computed, as in Hugging
@@ -182,6 +186,29 @@ class ModelConfig:
     def to_dict(self) -> dict:
         """The fields as a plain dict (``ModelConfig(**config.to_dict())`` rebuilds it)."""
         return asdict(self)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of a built model's weights: every parameter once, each at its own dtype's size.
+
+    ``nn.Module.parameters()`` yields a shared tensor once, so a tied output head (SmolLM2's)
+    is counted once with the embedding, as ``ModelConfig.parameters`` counts it: a float32
+    model gives 4 * ``config.parameters()`` bytes. A decode step reads every weight once, so
+    this is its weight-streaming term (``docs/roofline.md#decode-step-bound``).
+
+    Args:
+        model: a torch ``nn.Module`` (e.g. ``course_lib.models.Decoder``).
+
+    Returns:
+        The bytes, an int.
+
+    Raises:
+        ArgumentTypeError: ``model`` is not a torch nn.Module.
+    """
+    from torch import nn   # here: the configs themselves need no torch
+
+    instance("model", model, nn.Module, note="a torch nn.Module, e.g. a Decoder")
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def toy_config(**overrides) -> ModelConfig:

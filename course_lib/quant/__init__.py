@@ -3,8 +3,9 @@
 Modules: ``formats`` (QuantScheme, quantize/dequantize/fake_quantize, storage_bytes, FORMATS),
 ``packing`` (pack_int4/unpack_int4, PackedInt4), ``ggml_blocks`` (GGUF Q4_0/Q4_1/Q8_0 blocks,
 byte-identical to the gguf package, and a GGUF tensor reader), ``perplexity`` (token windows,
-perplexity, the linear layers, temporary weight swaps), ``outliers`` (activation maxima through
-forward pre-hooks), ``smoothquant`` (W8A8 and SmoothQuant), ``gptq`` (Hessians and GPTQ).
+perplexity), ``layers`` (a decoder's linear layers, temporary weight swaps), ``outliers``
+(activation maxima through forward pre-hooks), ``smoothquant`` (W8A8 and SmoothQuant), ``gptq``
+(Hessians and GPTQ).
 """
 from .formats import (FORMATS, GRANULARITIES, SCALE_BYTES, SCALE_TORCH_DTYPES, QuantizedTensor, QuantScheme,
                       StorageBytes, StorageFormat, bits_per_weight, dequantize, fake_quantize, qmax, quantize,
@@ -12,7 +13,8 @@ from .formats import (FORMATS, GRANULARITIES, SCALE_BYTES, SCALE_TORCH_DTYPES, Q
 from .packing import NIBBLE_ORDERS, PackedInt4, pack_int4, pack_weight, unpack_int4
 from .ggml_blocks import (GGML_BLOCK, GGML_BLOCK_BYTES, dequantize_ggml, quantize_q4_0, quantize_q4_1,
                           quantize_q8_0, read_gguf_tensor)
-from .perplexity import linear_layers, perplexity, quantized, select_linear_layers, token_windows, window_nll
+from .perplexity import perplexity, token_windows, window_nll
+from .layers import linear_layers, quantized, select_linear_layers
 from .outliers import input_absmax, observe_linear_inputs, outlier_table, run_windows
 from .smoothquant import (SMOOTHING_FLOOR, W8A8_WEIGHT_SCHEME, fake_quantize_activation, smoothing_scales,
                           w8a8)

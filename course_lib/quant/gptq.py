@@ -33,7 +33,7 @@ from torch import nn
 from ..validation import ArgumentTypeError, boolean, instance, number, positive_integer
 from .formats import QuantizedTensor, QuantScheme, grid_codes, grid_values, quantize
 from .outliers import observe_linear_inputs, run_windows
-from .perplexity import select_linear_layers
+from .layers import select_linear_layers
 
 __all__ = ["hessian", "damp_hessian", "collect_hessians", "GPTQResult", "gptq_quantize"]
 

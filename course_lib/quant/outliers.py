@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..validation import ArgumentTypeError, boolean, integer_tensor
-from .perplexity import select_linear_layers
+from .layers import select_linear_layers
 
 __all__ = ["observe_linear_inputs", "run_windows", "input_absmax", "outlier_table"]
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..validation import ArgumentTypeError, instance, integer, number
 from .formats import QuantScheme, fake_quantize, qmax
-from .perplexity import quantized, select_linear_layers
+from .layers import quantized, select_linear_layers
 
 __all__ = ["W8A8_WEIGHT_SCHEME", "SMOOTHING_FLOOR", "smoothing_scales", "fake_quantize_activation", "w8a8"]
 

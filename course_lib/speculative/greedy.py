@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from ..cache.contiguous import KVCache
+from ..divergence import top2_gap
 from ..models.decoder import Decoder, generation_inputs
 from ..validation import ArgumentTypeError, instance, positive_integer
 from .drafts import Draft, ModelDraft
@@ -115,8 +116,7 @@ def _verify(target: Decoder, draft: Draft, tokens: list[int], target_cache: KVCa
     if logits.shape[-1] < 2:
         gap, at = math.inf, 0
     else:
-        top2 = logits[:k + 1].topk(2, dim=-1).values                                     # (k + 1, 2)
-        gaps = top2[:, 0] - top2[:, 1]
+        gaps = top2_gap(logits[:k + 1])                                                  # (k + 1,)
         at = int(gaps.argmin())
         gap = float(gaps[at])
     return StepResult(emitted, len(proposals), k, gap, at)

@@ -57,7 +57,7 @@ from __future__ import annotations
 import torch
 
 from ...validation import ArgumentTypeError, instance, positive_number
-from .. import notice_once, triton_mode
+from .. import fallback_notice, import_triton, kernel_interpreted, notice_once, triton_mode
 
 __all__ = [
     "reference_matmul", "reference_rms_norm", "matmul", "rms_norm", "SUPPORTED_DTYPES",
@@ -74,12 +74,7 @@ BLOCK_D = 1024
 #: Warps per program on a GPU, fixed as well (ignored by the interpreter).
 NUM_WARPS = 4
 
-try:
-    import triton
-    import triton.language as tl
-except Exception:  # triton is Linux x86_64 only; the references still work elsewhere
-    triton = None
-    tl = None
+triton, tl = import_triton()
 
 if triton is not None:
 
@@ -152,13 +147,12 @@ if triton is not None:
             wv = tl.load(w_ptr + c64 * stride_w, mask=mask, other=0.0).to(tl.float32)
             yv = xv * rstd * wv
             tl.store(y_row + c64 * stride_yd, yv.to(y_ptr.dtype.element_ty), mask=mask)
-
-    # The decorator read TRITON_INTERPRET when this module was imported: record what it built.
-    KERNEL_INTERPRETED = type(_matmul_kernel).__name__ == "InterpretedFunction"
 else:
     _matmul_kernel = None
     _rms_norm_kernel = None
-    KERNEL_INTERPRETED = False
+
+#: Whether ``@triton.jit`` built the kernels for the interpreter (TRITON_INTERPRET at this module's import).
+KERNEL_INTERPRETED = kernel_interpreted(_matmul_kernel)
 
 
 def _dtype_error(name: str, tensor: torch.Tensor) -> ArgumentTypeError:
@@ -254,20 +248,8 @@ def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 def _fallback_reason(name: str, tensor: torch.Tensor) -> tuple[str, str] | None:
     """(notice key, message) when ``name`` must use its reference here, None when the kernel runs."""
-    mode = triton_mode()
-    where = f"course_lib.kernels.batch_invariant.{name}"
-    if _matmul_kernel is None or mode == "unavailable":
-        return f"bi-{name}-fallback", f"{where}: using the PyTorch reference ({mode.reason})."
-    if KERNEL_INTERPRETED:
-        if tensor.is_cuda:
-            return (f"bi-{name}-interp-cuda", f"{where}: interpreter mode with CUDA tensors; using the PyTorch "
-                    "reference (the interpreter runs on CPU tensors).")
-        return None
-    if not tensor.is_cuda:
-        reason = ("TRITON_INTERPRET was set after the kernel module was imported"
-                  if mode == "interpreter" else "compiled Triton needs CUDA tensors")
-        return f"bi-{name}-native-cpu", f"{where}: {tensor.device} tensors, {reason}; using the PyTorch reference."
-    return None
+    return fallback_notice(f"course_lib.kernels.batch_invariant.{name}", f"bi-{name}", _matmul_kernel,
+                           triton_mode(), tensor)
 
 
 def matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
