@@ -1,36 +1,27 @@
 """Grading fanned out on a Dask distributed cluster: ``python -m course_grader.grade DIR --cluster ADDRESS``.
 
-The driver does what it does for ``--jobs``: it builds the course (``generate_assignment``, the
-gradebook every shard starts from), stages one shard per submission and, at the end, merges every
-grade into one gradebook, writes the CSVs and the feedback. What changes is where a shard is graded:
+The driver builds the course, stages one shard per submission and merges the grades, tables and
+feedback as it does for ``--jobs``; only where a shard is graded changes. The staged shard goes to a
+worker as a tar archive (``grade_task``); the worker writes the shard's ``nbgrader_config.py`` from
+*its* checkout plus the driver's sandbox and judge lines, runs ``grade.autograde_shard`` (the
+sandboxed ``nbgrader autograde`` and the judge, as a local job) and returns the row's results and
+the graded shard, which the driver unpacks into ``shards/NNNN`` (links and devices refused).
 
-1. the driver packs the staged shard (the gradebook copy, the lab's source, the one submission) into
-   a tar archive and submits one task per submission to the Dask scheduler at ADDRESS;
-2. a worker unpacks it into a folder of its own, writes the shard's ``nbgrader_config.py`` from *its*
-   checkout's course settings plus the driver's sandbox and judge lines, and runs
-   ``grade.autograde_shard``: the sandboxed ``nbgrader autograde`` and the judge, exactly as a local job;
-3. the task returns the row's results and the graded shard (autograded notebook, gradebook, verdicts,
-   log) as an archive; the driver unpacks it into ``shards/NNNN`` as if it had graded it itself.
+What it defends against: a worker with other course code, Python or package versions, no working
+sandbox, or no usable default model (the driver checks every worker before the first task, and a
+late worker checks itself before its first: ``WorkerUnfit`` names it in the row); a worker that dies
+mid-task (Dask runs the task again elsewhere, up to ``distributed.scheduler.allowed-failures``; then
+the row is a ``KilledWorker`` error: never lost, never graded twice, since only the driver writes the
+gradebook). What it does not: Dask's ``tcp://`` is unauthenticated and the driver unpickles results,
+so the scheduler must stay on a private network or use TLS (the autograder README).
 
-Only the driver writes the merged gradebook, once per row, from the results it received. When a
-worker dies mid-task, the scheduler runs the task again on another worker (up to Dask's
-``distributed.scheduler.allowed-failures`` times, 3 by default), each attempt in a fresh folder; a
-task whose workers keep dying becomes an error row (``KilledWorker``). No submission is lost and
-none is graded twice into the gradebook.
-
-Before the first task the driver asks every worker for a ``worker_report`` and refuses to grade,
-naming the worker, when one runs other course code (a sha256 over course_lib, course_grader and the
-course's nbgrader config), another Python or nbgrader, has no working sandbox (or its sandboxed
-kernel imports another course_lib), or cannot load the default model without a download.
-
-Starting workers (the autograder README, "Grading on a cluster"): on each machine, a checkout of
-the same commit with ``make setup model sandbox`` done, then ``dask worker ADDRESS --nthreads 1``
-(one submission at a time per worker process; ``--nworkers N`` for N on one machine) from its venv;
-``dask scheduler`` on one of them prints ADDRESS. A batch system's workers come from dask-jobqueue
-(``SLURMCluster`` and the like) or dask-kubernetes with the same venv; pass their scheduler's address.
+Workers: a checkout of the same commit with ``make setup model sandbox`` done, then ``dask worker
+ADDRESS --nthreads 1`` from its venv (``--nworkers N`` for N on one machine), or dask-jobqueue /
+dask-kubernetes workers with the same venv.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -39,14 +30,13 @@ import os
 import platform
 import shutil
 import socket
-import sys
 import tarfile
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from . import grade, sandbox
+from . import grade
 from .paths import BASE_CONFIG, REPO_ROOT
 
 #: Submission fields a worker fills in; the driver copies exactly these back (the rest is its own).
@@ -59,7 +49,7 @@ PACKAGES = ("nbgrader", "torch", "numpy", "transformers")
 MATCHED = ("fingerprint", "python", *PACKAGES)
 #: Environment variables of the driver that the worker's nbgrader processes get too (nbgrader_env
 #: sets COURSE_QUICK; thread counts the instructor set; the seeds travel in the row).
-FORWARDED_ENV = ("COURSE_QUICK", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+FORWARDED_ENV = ("COURSE_QUICK", *grade.THREAD_VARS)
 #: The shard's config is the worker's own (its paths); the driver's copy stays home.
 CONFIG = "nbgrader_config.py"
 #: The driver has these already: the worker sends back only what grading wrote.
@@ -75,9 +65,7 @@ def code_fingerprint() -> str:
 
     h = hashlib.sha256()
     for package in (Path(course_lib.__file__).parent, Path(__file__).parent):
-        for path in sorted(package.rglob("*.py")):
-            if "__pycache__" in path.parts:
-                continue
+        for path in sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts):
             h.update(f"{package.name}/{path.relative_to(package).as_posix()}\0".encode())
             h.update(path.read_bytes())
     h.update(BASE_CONFIG.read_bytes())
@@ -108,15 +96,9 @@ def worker_report(allow_unsafe: bool = False) -> dict:
 
     problems, unsafe = [], ""
     try:
-        unsafe = sandbox.require_sandbox(allow_unsafe=allow_unsafe)
-    except sandbox.SandboxUnavailableError as exc:
-        problems.append(f"no sandbox: {exc}")
-    else:
-        if not unsafe:
-            try:
-                grade.check_kernel_course_lib(sandbox)
-            except grade.InfrastructureError as exc:
-                problems.append(str(exc))
+        unsafe = grade.check_sandbox(allow_unsafe)
+    except grade.InfrastructureError as exc:
+        problems.append(str(exc))
     try:
         status, _, usable = model_status(DEFAULT_MODEL)
     except Exception as exc:  # a broken manifest or cache: the worker cannot grade
@@ -172,34 +154,29 @@ def grade_task(payload: dict) -> dict:
     results and the graded shard's archive. Raises WorkerUnfit when this worker's course code is not the
     driver's or it cannot grade (``worker_report``'s problems, checked once per worker process: a worker
     may have joined after the driver's check)."""
-    mine = code_fingerprint()
+    mine, here = code_fingerprint(), f"worker on {socket.gethostname()} ({REPO_ROOT})"
     if payload["fingerprint"] != mine:
-        raise WorkerUnfit(f"worker on {socket.gethostname()} ({REPO_ROOT}) runs other course code "
-                          f"(fingerprint {mine[:12]}, driver {payload['fingerprint'][:12]})")
+        raise WorkerUnfit(f"{here} runs other course code (fingerprint {mine[:12]}, "
+                          f"driver {payload['fingerprint'][:12]})")
     problems = _fitness(bool(payload.get("allow_unsafe", False)))
     if problems:
-        raise WorkerUnfit(f"worker on {socket.gethostname()} ({REPO_ROOT}) cannot grade: {'; '.join(problems)}")
+        raise WorkerUnfit(f"{here} cannot grade: {'; '.join(problems)}")
     row: grade.Submission = payload["row"]
-    base = None
     try:
         from distributed import get_worker
 
         base = get_worker().local_directory
     except (ImportError, ValueError):  # not inside a Dask worker (a direct call)
-        pass
+        base = None
     folder = Path(tempfile.mkdtemp(prefix="course-grading-", dir=base))
     try:
         unpack(payload["archive"], folder)
         (folder / TASK_FILE).write_text(f'{{"pid": {os.getpid()}, "host": "{socket.gethostname()}"}}\n')
         grade.write_course_config(folder, payload["cell_timeout"], payload["sandbox_lines"])
-        env = grade.nbgrader_env(1)
-        env.update(payload["env"])
-        # a share of this machine's cores per kernel; set even where the environment has a value,
-        # since Dask's nanny sets these to 1 in every worker (distributed.nanny.pre-spawn-environ)
+        # a share of this machine's cores per kernel, set even where the environment has a value, since
+        # Dask's nanny sets these to 1 in every worker; the instructor's own setting comes in the payload
         share = str(max(1, (os.cpu_count() or 1) // max(1, payload["threads_on_host"].get(socket.gethostname(), 1))))
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            if var not in payload["env"]:         # the instructor's own setting came with the payload
-                env[var] = share
+        env = {**grade.nbgrader_env(1), **dict.fromkeys(grade.THREAD_VARS, share), **payload["env"]}
         row.shard = folder
         start = time.monotonic()
         try:
@@ -237,10 +214,8 @@ class Cluster:
                                             "dev extra (make setup installs it)") from None
         self.sandbox_lines, self.cell_timeout, self.allow_unsafe = list(sandbox_lines), cell_timeout, allow_unsafe
         try:
-            if address.endswith(".json"):
-                self.client = Client(scheduler_file=address, timeout=connect_timeout)
-            else:
-                self.client = Client(address, timeout=connect_timeout)
+            where = {"scheduler_file": address} if address.endswith(".json") else {"address": address}
+            self.client = Client(**where, timeout=connect_timeout)
         except (OSError, TimeoutError, ValueError) as exc:
             raise grade.InfrastructureError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
         try:
@@ -249,7 +224,6 @@ class Cluster:
             self.client.close()
             raise grade.InfrastructureError(f"the Dask scheduler at {address} has no worker after "
                                             f"{connect_timeout:.0f} s ({exc}); start some with `dask worker {address}`")
-        self.address = address
 
     def close(self) -> None:
         self.client.close()
@@ -304,15 +278,13 @@ class Cluster:
         driver stops."""
         from distributed import as_completed
 
-        hosts: dict[str, int] = {}           # threads of all workers on each machine: each gets a share of its cores
-        names = self.client.run(socket.gethostname)
-        workers = self.workers()
+        names, workers = self.client.run(socket.gethostname), self.workers()
+        hosts: dict[str, int] = collections.Counter()   # threads on each machine: each gets a share of its cores
         for address, info in workers.items():
-            host = names.get(address, "")
-            hosts[host] = hosts.get(host, 0) + int(info.get("nthreads", 1))
+            hosts[names.get(address, "")] += int(info.get("nthreads", 1))
         env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
         env.setdefault("COURSE_QUICK", grade.nbgrader_env(1)["COURSE_QUICK"])
-        slots = max(1, sum(int(info.get("nthreads", 1)) for info in workers.values()))
+        slots = max(1, sum(hosts.values()))
         waiting = list(rows)
         out: dict = {}
         running = as_completed()

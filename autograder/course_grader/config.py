@@ -14,17 +14,17 @@
   (``COURSE_FEEDBACK_SHOWS_HIDDEN_TESTS=1`` keeps them), with learner HTML sanitised;
 * learner code run in the bubblewrap sandbox (``course_grader.sandbox``) and every graded
   cell rerun by the judge (``course_grader.judge``), which also flags a test whose learner
-  functions reach course_lib's own reference for the exercise
-  (``c.CourseJudge.reference_reuse``: "flag", or "zero" to score such tests 0). Where
-  bubblewrap is unavailable, kernels refuse to start unless ``COURSE_UNSAFE_NO_SANDBOX=1``,
-  and then every command prints that learner code runs unsandboxed.
+  functions reach course_lib's own reference (``c.CourseJudge.reference_reuse``: "flag", or
+  "zero" to score such tests 0). Without bubblewrap, kernels refuse to start unless
+  ``COURSE_UNSAFE_NO_SANDBOX=1``, and then every command prints that learner code runs unsandboxed.
 
-The grading driver (``course_grader.grade``) loads ``autograder/nbgrader_config.py`` as a
-sub-config of a generated config in its own work folder and overrides the root and every
-folder there, so these settings (timeouts, markers, preprocessors) apply to both.
+So the stock commands defend what the driver (``course_grader.grade``, which loads this config under
+a generated one that moves every folder into its work folder) defends, except what only the driver
+does: per-submission shards, the gradebook integrity check, symlinked files left out of the copy.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -32,6 +32,8 @@ from .judge import VERDICT_SUFFIX
 
 WORK = os.path.join("autograder", "work")  # relative to the course root; git-ignored
 COURSE_ID = "llm-inference-lab"
+# nbgrader's working folders (``CourseDirectory.<name>_directory``), under WORK
+WORK_FOLDERS = ("submitted", "autograded", "feedback", "solution", "source_with_tests")
 
 
 def configure(c, root: str) -> str:
@@ -47,26 +49,27 @@ def configure(c, root: str) -> str:
     return _learner_code(c)
 
 
+def place_course(c, root: str, work: str = WORK, export: str = "grades.csv") -> None:
+    """Put the course root at ROOT and the gradebook and ``nbgrader export``'s CSV (EXPORT, rather
+    than ./grades.csv in the working directory) in ROOT/WORK, which is made if it can be (sqlite
+    cannot create a file in a missing folder; a read-only checkout keeps only the driver's own work
+    course usable). The other folders are relative to the root and follow it."""
+    c.CourseDirectory.root = root
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.join(root, work), exist_ok=True)
+    c.CourseDirectory.db_url = "sqlite:///" + os.path.join(root, work, "gradebook.db")
+    c.CsvExportPlugin.to = os.path.join(root, work, export)
+
+
 def _layout(c, root: str) -> None:
     c.CourseDirectory.course_id = COURSE_ID
-    c.CourseDirectory.root = root
     c.CourseDirectory.source_directory = "solutions"  # nbgrader source: solutions + hidden tests
     c.CourseDirectory.release_directory = "labs"  # learner release, committed to git
     # Working folders relative to root: nbgrader's path regexes escape the root only
     # (CourseDirectory.format_path(escape=True) re.escape()s the root).
-    c.CourseDirectory.submitted_directory = os.path.join(WORK, "submitted")
-    c.CourseDirectory.autograded_directory = os.path.join(WORK, "autograded")
-    c.CourseDirectory.feedback_directory = os.path.join(WORK, "feedback")
-    c.CourseDirectory.solution_directory = os.path.join(WORK, "solution")
-    c.CourseDirectory.source_with_tests_directory = os.path.join(WORK, "source_with_tests")
-    # sqlite cannot create the gradebook file inside a missing folder, so make the folder.
-    try:
-        os.makedirs(os.path.join(root, WORK), exist_ok=True)
-    except OSError:  # read-only checkout: only the driver's own work course is used then
-        pass
-    c.CourseDirectory.db_url = "sqlite:///" + os.path.join(root, WORK, "gradebook.db")
-    # `nbgrader export` writes here rather than to ./grades.csv in the working directory.
-    c.CsvExportPlugin.to = os.path.join(root, WORK, "grades.csv")
+    for name in WORK_FOLDERS:
+        setattr(c.CourseDirectory, f"{name}_directory", os.path.join(WORK, name))
+    place_course(c, root)
     # Files nbgrader never copies between its folders (submitted -> autograded -> feedback): the
     # stock list, plus the judge's verdict records (they hold the judge's seed; a learner's own
     # file of that name is not carried into the autograded folder either).
@@ -99,45 +102,23 @@ def _autograde(c) -> None:
     # On a cell timeout, interrupt the kernel, record a CellTimeoutError output in that cell
     # (0 points for it) and go on with the next cell, instead of failing the submission.
     c.Execute.interrupt_on_timeout = True
-    c.Execute.error_on_timeout = {
-        "ename": "CellTimeoutError",
-        "evalue": "",
-        "traceback": ["CellTimeoutError: the cell ran longer than the per-cell limit and was interrupted"],
-    }
+    c.Execute.error_on_timeout = {"ename": "CellTimeoutError", "evalue": "", "traceback": [
+        "CellTimeoutError: the cell ran longer than the per-cell limit and was interrupted"]}
     # Time to drain a cell's output after its reply; the default 4 s is tight on a loaded
     # 2-core machine running several kernels, and a miss fails the whole notebook.
     c.Execute.iopub_timeout = 30
-    # The stock sanitize list (nbgrader/converters/autograde.py) with RestoreMissingTests for
-    # OverwriteCells and DropRepeatedIds for DeduplicateIds (both fix stock crashes on a learner
-    # who deleted or duplicated cells).
-    c.Autograde.sanitize_preprocessors = [
-        ClearOutput,
-        preprocessors.DropRepeatedIds,
-        OverwriteKernelspec,
-        preprocessors.RestoreMissingTests,
-        CheckCellMetadata,
-        preprocessors.EncodableText,
-    ]
-    # EncodableText runs last among the sanitize steps and right after Execute: text UTF-8 cannot encode
-    # (a lone surrogate in a source, an exception message or a print) would otherwise fail the
-    # writing of the autograded notebook, and so the whole submission.
-    # The stock autograde list with two steps after IgnorePattern, so that a test cell's score
-    # comes from its errors only: nbgrader's determine_grade gives 0 to a graded cell with a
-    # `stderr` stream output (a warning printed by a library, say), which StderrToStdout turns
-    # into stdout under "[stderr]"; and it scores a cell by the number its first execute_result
-    # shows, which DisplayedValuesAreNotScores turns into display_data.
-    c.Autograde.autograde_preprocessors = [
-        Execute,
-        preprocessors.EncodableText,
-        IgnorePattern,
-        preprocessors.StderrToStdout,
-        preprocessors.DisplayedValuesAreNotScores,
-        ClearMetadataPreprocessor,
-        LimitOutput,
-        SaveAutoGrades,
-        AssignLatePenalties,
-        CheckCellMetadata,
-    ]
+    # The stock sanitize and autograde lists (nbgrader/converters/autograde.py), in order, with the
+    # course's steps (course_grader.preprocessors; each says which stock behaviour it fixes):
+    # RestoreMissingTests for OverwriteCells, DropRepeatedIds for DeduplicateIds, EncodableText last
+    # among the sanitize steps and right after Execute, and, so that a test cell's score comes from
+    # its errors only, StderrToStdout and DisplayedValuesAreNotScores after IgnorePattern.
+    c.Autograde.sanitize_preprocessors = [ClearOutput, preprocessors.DropRepeatedIds, OverwriteKernelspec,
+                                          preprocessors.RestoreMissingTests, CheckCellMetadata,
+                                          preprocessors.EncodableText]
+    c.Autograde.autograde_preprocessors = [Execute, preprocessors.EncodableText, IgnorePattern,
+                                           preprocessors.StderrToStdout, preprocessors.DisplayedValuesAreNotScores,
+                                           ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
+                                           AssignLatePenalties, CheckCellMetadata]
 
 
 def _feedback(c) -> None:

@@ -23,7 +23,9 @@ variable                       meaning                                          
 
 Course membership lives in hub groups, as nbgrader's ``JupyterHubAuthPlugin`` reads it:
 ``formgrade-<course>`` for instructors, ``nbgrader-<course>`` for learners (``nbgrader db student
-add NAME`` run by an instructor adds NAME to it through the hub's API).
+add NAME`` run by an instructor adds NAME to it through the hub's API). Defends: a learner's
+submissions and feedback go by hub name, and learners get no instructor tools. Does not: nbgrader's
+exchange trusts the learner id and time in an inbound file's name (``collect`` only warns).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import os
 import sys
 from pathlib import Path
 
-from .config import COURSE_ID, WORK
+from .config import COURSE_ID, place_course
 
 REPO = Path(__file__).resolve().parents[2]
 HUB_DIR = REPO / "autograder" / "hub"
@@ -87,10 +89,6 @@ def identify_learner_by_hub_name(c) -> None:
 
 
 def repoint_course_root(c, root: str) -> None:
-    """Move the course config's absolute paths (course root, gradebook, CSV export) to ROOT; the
-    other folders in ``course_grader.config`` are relative to the root and follow it."""
-    root = os.path.abspath(root)
-    c.CourseDirectory.root = root
-    os.makedirs(os.path.join(root, WORK), exist_ok=True)
-    c.CourseDirectory.db_url = "sqlite:///" + os.path.join(root, WORK, "gradebook.db")
-    c.CsvExportPlugin.to = os.path.join(root, WORK, "grades.csv")
+    """Move the course config's absolute paths (course root, gradebook, CSV export) to ROOT
+    (``course_grader.config.place_course``)."""
+    place_course(c, os.path.abspath(root))

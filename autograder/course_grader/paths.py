@@ -7,6 +7,8 @@ editable by ``pip install -e .``; everything it reads is found from there:
     REPO_ROOT/labs/{lab}/{lab}.ipynb         learner release
     AUTOGRADER/nbgrader_config.py            the course's nbgrader configuration
     AUTOGRADER/samples/, AUTOGRADER/hostile/ sample and hostile submissions with expected scores
+
+(Paths only: nothing here defends against anything.)
 """
 from __future__ import annotations
 

@@ -1,7 +1,11 @@
 """Custom nbgrader preprocessors for the course's autograde pipeline.
 
 ``course_grader.config`` (which ``autograder/nbgrader_config.py`` calls) puts them into
-nbgrader's sanitize, autograde and feedback preprocessor lists.
+nbgrader's sanitize, autograde and feedback preprocessor lists. They defend the grading against
+what stock nbgrader 0.9 lets a submission do: zero itself with text UTF-8 cannot encode, with a
+warning on stderr, or with a deleted or duplicated cell; score a wrong answer by displaying a
+number; read hidden tests and their drawn inputs in the feedback's tracebacks. They do not judge
+answers (``course_grader.judge`` does) or run learner code (``course_grader.sandbox`` does).
 """
 
 import re
@@ -20,16 +24,11 @@ STDERR_PREFIX = "[stderr]"
 class EncodableText(NbGraderPreprocessor):
     """Make every string of the notebook encodable as UTF-8 (``course_grader.text.encodable``).
 
-    A lone surrogate (``'\\ud800'``) is legal in a Python string and in the notebook's JSON, but
-    nbconvert's writer encodes the notebook as UTF-8 and raises ``UnicodeEncodeError``, which
-    nbgrader reports as a failed autograde: the whole submission scores 0 and the stock path
-    deletes the autograded notebook. Learner code puts such text in a cell's outputs (an
-    exception message, a print) and a learner's editor can put it in a cell's source.
-
-    Runs last among the sanitize steps (the submitted notebook's sources and metadata) and right
-    after ``Execute`` (every output, the judge's verdict outputs and metadata included). Each lone
-    surrogate becomes its six-character escape ``\\ud800``, so the text stays visible; inside a
-    Python string literal the escape even means the same character.
+    A lone surrogate (``'\\ud800'``), legal in a Python string and in the notebook's JSON, makes
+    nbconvert's UTF-8 writer raise, which nbgrader reports as a failed autograde (the whole
+    submission scores 0). Learner code puts such text in outputs, an editor in a source. Runs last
+    among the sanitize steps and right after ``Execute`` (the judge's outputs included); each lone
+    surrogate becomes its six-character escape, so the text stays visible.
     """
 
     def preprocess(self, nb, resources):
@@ -40,17 +39,11 @@ class EncodableText(NbGraderPreprocessor):
 class StderrToStdout(NbGraderPreprocessor):
     """Keep stderr text of graded code cells visible, but as stdout.
 
-    Stock nbgrader 0.9.x (``nbgrader.utils.determine_grade``) gives 0 points to a graded
-    code cell with any ``stream`` output named ``stderr``, so a warning printed by torch,
-    transformers or the learner's code would zero a correct answer. The course rule is:
-    only an ``error`` output (an exception, or the timeout error nbclient records) fails
-    a test cell.
-
-    This preprocessor runs after ``Execute`` (and after ``IgnorePattern``) and before
-    ``SaveAutoGrades``. For each graded code cell it turns every ``stderr`` stream output
-    into a ``stdout`` stream whose text starts with a line ``[stderr]``, so the text stays
-    in the autograded notebook and the feedback, and the grade depends on errors only.
-    Cells that are not graded are left as they are.
+    Stock nbgrader 0.9.x (``nbgrader.utils.determine_grade``) gives 0 points to a graded code cell
+    with any ``stderr`` stream, so a warning printed by torch or the learner's code would zero a
+    correct answer; the course rule is that only an ``error`` output fails a test cell. Runs after
+    ``Execute`` and ``IgnorePattern``, before ``SaveAutoGrades``: each ``stderr`` stream of a graded
+    code cell becomes a ``stdout`` stream whose text starts with a line ``[stderr]``.
     """
 
     prefix = Unicode(
@@ -71,16 +64,11 @@ class StderrToStdout(NbGraderPreprocessor):
 class DisplayedValuesAreNotScores(NbGraderPreprocessor):
     """A graded test cell's score comes from its errors (and the judge's verdict) only.
 
-    Stock nbgrader (``nbgrader.utils.determine_grade``) gives a graded code cell the numeric
-    value of its first ``execute_result`` as a partial score, and looks no further: an error
-    output after it (a failed assert, the judge's verdict) is never seen. Learner code decides
-    what a cell displays (``InteractiveShell.ast_node_interactivity = 'all'`` displays every
-    expression, a checker's return value included), so a wrong answer could score its points.
-
-    Runs after ``Execute`` and before ``SaveAutoGrades``: every ``execute_result`` of a graded
-    test cell becomes a ``display_data`` output with the same data, shown the same way in the
-    autograded notebook and the feedback, but never read as a score. Solution cells and cells
-    that are not graded are left as they are.
+    Stock nbgrader (``nbgrader.utils.determine_grade``) scores a graded code cell by the number its
+    first ``execute_result`` shows and looks no further (an error after it is never seen), and
+    learner code decides what a cell displays (``ast_node_interactivity = 'all'``). Runs after
+    ``Execute``, before ``SaveAutoGrades``: every ``execute_result`` of a graded test cell (not a
+    solution cell) becomes a ``display_data`` output with the same data, never read as a score.
     """
 
     def preprocess_cell(self, cell, resources, cell_index):
@@ -97,23 +85,23 @@ HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 REDACTED = "      ... (hidden test lines not shown)"
 
 
-def redact_hidden_lines(text: str) -> str:
-    """TEXT with every line from a BEGIN HIDDEN TESTS marker to its END marker replaced by one
-    placeholder line (ANSI colour codes are ignored when looking for the markers). An
-    unterminated region is redacted to the end."""
-    out, hidden = [], False
+def _hidden_regions(text: str):
+    """``(line, plain line, hidden, begins)`` for each line of TEXT: ``hidden`` from a BEGIN HIDDEN
+    TESTS marker line to the next line with an END marker and no BEGIN marker, both included, or to
+    the end; ``begins`` on the first BEGIN line. ANSI colour codes are ignored in the markers."""
+    hidden = False
     for line in text.split("\n"):
         plain = ANSI.sub("", line)
-        if not hidden and HIDDEN_BEGIN in plain:
-            hidden = True
-            out.append(REDACTED)
-            continue
-        if hidden:
-            if HIDDEN_END in plain:
-                hidden = False
-            continue
-        out.append(line)
-    return "\n".join(out)
+        begins = not hidden and HIDDEN_BEGIN in plain
+        hidden = hidden or begins
+        yield line, plain, hidden, begins
+        hidden = hidden and (HIDDEN_BEGIN in plain or HIDDEN_END not in plain)
+
+
+def redact_hidden_lines(text: str) -> str:
+    """TEXT with every hidden-test region (``_hidden_regions``) replaced by one placeholder line."""
+    return "\n".join(REDACTED if begins else line for line, _, hidden, begins in _hidden_regions(text)
+                     if begins or not hidden)
 
 
 ARROW = re.compile(r"^\s*-+>\s*\d+")  # IPython's "----> 7 line" marker of the line that raised
@@ -121,16 +109,8 @@ ARROW = re.compile(r"^\s*-+>\s*\d+")  # IPython's "----> 7 line" marker of the l
 
 def raised_in_hidden_lines(frame: str) -> bool:
     """True when a traceback frame's arrow points at a line between the hidden-test markers."""
-    hidden = False
-    for line in frame.split("\n"):
-        plain = ANSI.sub("", line)
-        if HIDDEN_BEGIN in plain:
-            hidden = True
-        elif HIDDEN_END in plain:
-            hidden = False
-        elif hidden and ARROW.match(plain):
-            return True
-    return False
+    return any(hidden and ARROW.match(plain) and HIDDEN_BEGIN not in plain and HIDDEN_END not in plain
+               for _, plain, hidden, _ in _hidden_regions(frame))
 
 
 class RedactHiddenTracebacks(NbGraderPreprocessor):

@@ -1,22 +1,13 @@
 """Text that comes from learner code, made safe to store and to show.
 
-Learner code decides the text of its exceptions, prints, displayed values, names and even
-the bytes of its notebook's JSON. Two kinds of text break the grading pipeline if they are
-stored as they come:
-
-- a lone surrogate (``'\\ud800'``: a code point that is half of a UTF-16 pair, legal in a
-  Python ``str`` and in JSON's ``\\uXXXX`` escapes, but with no UTF-8 encoding) makes every
-  UTF-8 writer raise ``UnicodeEncodeError``: the autograded notebook, the judge's verdicts,
-  the gradebook export and the driver's CSV tables. One such character in one exception
-  message used to fail the whole submission;
-- control characters (terminal escapes, carriage returns, newlines) in a name or a note
-  move the cursor or forge rows when printed in a table.
-
-``encodable`` fixes the first kind where learner text enters (the notebook as submitted,
-each message from the kernel, the judge's records); ``printable`` the second, where the
-driver prints or writes a one-line cell. Both keep the offending code point visible as an
-escape (``\\ud800``, ``\\x1b``) rather than dropping it, so nothing the learner wrote is lost
-from view.
+Learner code decides the text of its exceptions, prints, displayed values, names and the bytes of
+its notebook's JSON. This module defends against two kinds of such text: a lone surrogate
+(``'\\ud800'``, legal in a Python ``str`` and in JSON escapes, with no UTF-8 encoding), which makes
+every UTF-8 writer raise (the autograded notebook, the judge's verdicts, the export, the CSVs:
+one used to fail a whole submission), fixed by ``encodable`` where learner text enters; and control
+characters (terminal escapes, newlines) that move the cursor or forge rows in a table, fixed by
+``printable`` where the driver prints or writes a one-line cell. Both keep the code point visible
+as an escape (``\\ud800``, ``\\x1b``). It does not sanitise HTML (the feedback's exporter does).
 """
 from __future__ import annotations
 
@@ -53,13 +44,9 @@ def encodable_tree(obj: Any) -> Any:
     if isinstance(obj, str):
         return encodable(obj)
     if isinstance(obj, dict):
-        for key in list(obj):
-            value = encodable_tree(obj[key])
-            if isinstance(key, str) and _SURROGATE.search(key):
-                del obj[key]
-                obj[encodable(key)] = value
-            else:
-                obj[key] = value
+        for key in list(obj):       # each key taken out and put back, so their order stays
+            value = encodable_tree(obj.pop(key))
+            obj[encodable(key) if isinstance(key, str) else key] = value
         return obj
     if isinstance(obj, list):
         obj[:] = [encodable_tree(item) for item in obj]
