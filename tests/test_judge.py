@@ -10,6 +10,7 @@ patches the checkers, course_lib's contracts, math.isclose and torch.allclose in
 """
 from __future__ import annotations
 
+import builtins
 import json
 import math
 import os
@@ -30,7 +31,9 @@ from course_lib.cache.contiguous import KVCache
 from course_lib.cache.paged import BlockPool, PagedKVCache, PagedSequence
 from course_grader import hostile, judge, remote, sandbox
 from course_lib.grading import ContractError, check_int, check_int_list, check_real, check_tensor
+from course_lib.grading.lab02 import check_generation
 from course_lib.grading.lab03 import normalise_plan as _normalise_plan
+from course_lib.grading.tables import Contract, Probe
 from course_lib.hardware import REFERENCE_DEVICES
 from course_lib.models.config import ModelConfig, toy_config
 from course_lib.models.decoder import Decoder
@@ -397,6 +400,104 @@ def test_a_learner_exception_is_reported_not_raised_in_the_harness():
     exc = judge.learner_exception("f", answer["type"], answer["message"])
     assert isinstance(exc, KeyError) and isinstance(exc, judge.LearnerRaised) and not isinstance(exc, ContractError)
     assert "f raised KeyError" in str(exc)
+
+
+def _toy_model(seed=3):
+    return Decoder.random(toy_config(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=96,
+                                     vocab_size=97), seed=seed)
+
+
+def probed_call(fn, model, *args):
+    """answer_call with the Lab 2 embedding probe on MODEL, then the judge's replay onto MODEL."""
+    enc = remote.CallEncoder()
+    arg_nodes = [enc.encode(model), *(enc.encode(a) for a in args)]
+    probes = remote.probe_request(enc.objects, (Probe(Decoder, "embed_tokens"),))
+    request = json.loads(remote.dumps({"op": "call", "fn": "f", "args": arg_nodes, "kwargs": [],
+                                       "objects": enc.table, "grad": False, "probes": probes}))
+    answer = json.loads(remote.dumps(remote.answer_call({"f": fn}, request, None)))
+    remote.replay_probes(answer["probed"], enc.objects, probes)
+    return answer, probes
+
+
+def test_probed_forward_calls_are_replayed_on_the_judges_model():
+    model, seen = _toy_model(), []
+    handle = model.embed_tokens.register_forward_hook(lambda m, inputs, out: seen.append(tuple(inputs[0].shape)))
+
+    def two_forwards(model, ids):
+        model(ids.view(1, -1), torch.arange(ids.numel()))
+        model.embed_tokens(ids[:2])
+        return 0
+
+    answer, probes = probed_call(two_forwards, model, torch.randint(0, 97, (7,)))
+    handle.remove()
+    assert probes == [[0, "embed_tokens"]] and answer["op"] == "returned"
+    assert seen == [(1, 7), (2,)]                     # the kernel's calls, by shape, on the judge's model
+
+
+def test_a_probe_cleared_in_the_kernel_records_nothing():
+    def clears_its_hooks(model, ids):         # what the hostile no_cache_hooks_cleared sample does
+        model.embed_tokens._forward_hooks.clear()
+        model(ids.view(1, -1), torch.arange(ids.numel()))
+
+    model, seen = _toy_model(), []
+    model.embed_tokens.register_forward_hook(lambda m, inputs, out: seen.append(inputs[0].numel()))
+    answer, _ = probed_call(clears_its_hooks, model, torch.randint(0, 97, (5,)))
+    assert answer["probed"] == [[]] and seen == []
+
+
+@pytest.mark.parametrize("records", [
+    "x", [], [[[[3], "int64"]], []], [[[[3], "complex64"]]], [[[[-1], "int64"]]], [[[3, "int64"]]],
+    [[[[1], "int64"]] * (remote.LIMITS.max_probed_calls + 1)], [[[[remote.LIMITS.max_probed_elements + 1], "int64"]]],
+    [[[[2, 2], "float32"]]],                      # a replay the embedding cannot run
+])
+def test_malformed_or_oversized_probe_records_are_refused(records):
+    enc = remote.CallEncoder()
+    enc.encode(_toy_model())
+    with pytest.raises(remote.RemoteDataError):
+        remote.replay_probes(records, enc.objects, [[0, "embed_tokens"]])
+
+
+def test_probe_and_contract_declarations_are_checked():
+    with pytest.raises(ValueError, match="public attributes"):
+        Probe(Decoder, "embed_tokens._forward_hooks")
+    with pytest.raises(TypeError, match="a class"):
+        Probe("Decoder", "embed_tokens")
+    with pytest.raises(TypeError, match="tuple of Probe"):
+        Contract("test_x", check_generation, ("f",), probes=("embed_tokens",))
+
+
+def serve_in_process(fn, requests):
+    """remote.serve over a scripted stdin channel (what ipykernel's input() is in the harness)."""
+    sent, replies = [], iter(requests)
+
+    def channel(prompt):
+        assert prompt.startswith(remote.PROMPT)
+        sent.append(json.loads(prompt[len(remote.PROMPT):]))
+        return remote.dumps(next(replies))
+
+    saved = builtins.input
+    builtins.input = channel
+    try:
+        remote.serve({"f": fn})
+    finally:
+        assert builtins.input is channel          # serve put back what it found
+        builtins.input = saved
+    return sent
+
+
+def test_the_learners_input_raises_during_a_call_and_is_back_afterwards():
+    def asks(x):
+        return input("your answer? ")
+
+    call = {"op": "call", "fn": "f", "args": [1], "kwargs": [], "objects": [], "grad": False}
+    sent = serve_in_process(asks, [call, {"op": "end"}])
+    assert [m["op"] for m in sent] == ["ready", "raised"]
+    assert sent[1]["type"].endswith("StdinNotImplementedError") and "grader calls your function" in sent[1]["message"]
+
+
+def test_the_harness_reaches_no_private_ipykernel_attribute():
+    for path in (Path(remote.__file__), Path(judge.__file__)):
+        assert not re.search(r"kernel\._\w", path.read_text()), path.name
 
 
 # == redaction ===================================================================================
@@ -808,6 +909,21 @@ def test_a_slow_call_times_out_and_the_kernel_stays_usable(learner):
     assert time.monotonic() - start < 20
     assert learner.judge(PREFILL_CELL.format(fn="prefill_time"))["status"] == "passed"
     learner.run("assert 1 + 1 == 2")
+
+
+@pytest.mark.slow
+def test_input_during_a_call_fails_the_check_and_the_kernel_stays_usable(learner):
+    learner.run("def count_asks(config):\n    return int(input('how many? '))\n"
+                "def count_raw(config):\n    return int(get_ipython().kernel.raw_input('how many? ') or 0)\n")
+    verdict = learner.judge("lab01.check_parameter_count(count_asks, seed=0)")
+    assert verdict["status"] == "failed" and "StdinNotImplementedError" in verdict["message"], verdict
+    assert "grader calls your function" in verdict["message"]
+    start = time.monotonic()
+    verdict = learner.judge("lab01.check_parameter_count(count_raw, seed=0)")   # straight to the stdin channel
+    assert verdict["status"] == "failed", verdict
+    assert "count_raw asked for input ('how many? ') while the grader called it" in verdict["message"]
+    assert time.monotonic() - start < 20
+    assert learner.judge(PREFILL_CELL.format(fn="prefill_time"))["status"] == "passed"
 
 
 TAMPER = '''

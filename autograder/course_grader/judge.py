@@ -1,58 +1,42 @@
-#!/usr/bin/env python
 """Trusted judge for graded test cells: verdicts from a process learner code cannot reach.
 
-Today a graded cell runs ``lab01.check_prefill_time(prefill_time, seed=...)`` inside the
-learner's kernel, where learner code can patch the checker, ``math.isclose`` or
-``torch.allclose`` and pass. The judge runs the *same, unchanged* checkers in the grading
-process instead, with its own untouched ``course_lib``, and gives them proxies in place of
-the learner's functions. Calling a proxy sends the arguments as plain data to the kernel,
-calls the learner's function there (looked up by name in the kernel's namespace) and
-decodes the plain-data result strictly (``course_grader.remote``: JSON plus raw tensor
-bytes, no pickle). Inputs are drawn and references computed in the judge, from the judge's
-own seed; the comparison happens in the judge. Only data crosses; whatever the kernel
-sends is at worst a wrong answer.
+A graded cell runs ``lab01.check_prefill_time(prefill_time, seed=...)`` in the learner's kernel,
+where learner code can patch the checker, ``math.isclose`` or ``torch.allclose`` and pass. The
+judge reruns the *same, unchanged* checkers in the grading process, with its own ``course_lib``,
+and hands them proxies for the learner's functions: a proxy call sends its arguments as plain data
+to the kernel, calls the learner's function there and decodes the result strictly
+(``course_grader.remote``). Inputs, seeds and references stay in the judge.
 
 Pieces
-    HARNESS                 the code string the judge executes in the kernel; it imports
-                            ``course_grader.remote`` and runs ``serve()``, a loop that
-                            answers describe/call requests over the stdin channel
-                            (input_request prompts carry the kernel's messages, input_reply
-                            values the judge's), so one execute_request serves a whole cell
-                            and a callback (lab03 find_capacity's ``run(rate)``) is one more
-                            round trip inside a call.
-    KernelSession           that transport, over a jupyter_client BlockingKernelClient of
-                            its own (shell + stdin channels), with per-call timeouts
-                            (interrupt, then give up), death detection and strict decoding.
-    parse_test_cell         the checker calls of a test cell's source (``ast``): only
-                            ``labNN.check_xxx(fn_name, ..., seed=..., cases=..., literal kwargs)``
-                            statements, optionally inside ``for _ in range(N):``.
-    judge_cell              runs them with proxies; returns a verdict dict (passed / failed /
-                            error / unjudged, message; hidden checks' messages redacted).
-                            In-place changes the kernel reports are applied to the judge's
-                            objects only for the arguments a checker expects to change
-                            (the contract's ``writes``), so learner code cannot rewrite a checker's inputs.
-    CourseJudge             an nbgrader ``Execute`` mixin: after each graded cell has run
-                            normally, judges it against the same live kernel, stores the
-                            verdict in the cell metadata and ``{notebook}.judge.json`` next
-                            to the autograded notebook and (``enforce``) adds an error output
-                            to a cell the kernel passed but the judge did not, so stock
-                            SaveAutoGrades scores it 0 and the feedback says why. It also
-                            flags a cell whose learner functions reach the exercise's
-                            reference (``course_grader.provenance``; ``reference_reuse``).
-    configure_nbgrader(c)   swaps Execute (or the sandbox's SandboxExecute) for its judged
-                            subclass in ``c.Autograde.autograde_preprocessors``.
-    apply_verdicts          for the driver after autograde: writes the judge's verdicts into
-                            the gradebook and lists every cell where kernel and judge disagree.
+    HARNESS           the code the judge runs in the kernel: ``remote.serve()``, which answers
+                      describe/call requests over the stdin channel for a whole cell (a callback,
+                      lab03 find_capacity's ``run(rate)``, is one more round trip inside a call).
+    KernelSession     that transport, on a client of its own (shell + stdin), with per-call
+                      timeouts (interrupt, then give up), death detection and strict decoding.
+    parse_test_cell   a test cell's ``labNN.check_xxx(fn_name, ..., seed=..., literal kwargs)``
+                      statements (``ast``), optionally inside ``for _ in range(N):``.
+    judge_cell        runs them under the checker's declared ``Contract`` (writes, objects, probes,
+                      references); returns a verdict (hidden checks' messages redacted).
+    CourseJudge       nbgrader ``Execute`` mixin: judges each graded cell after it ran, records the
+                      verdict, fails in the notebook a cell only the kernel passed, flags reference
+                      reuse (``course_grader.provenance``); ``apply_verdicts`` writes the gradebook.
 
-Command line (measurement and debugging): ``python -m course_grader.judge NOTEBOOK... [--source
-solutions] [--seed N] [--json FILE]`` runs each notebook in a plain local kernel (no sandbox, no
-gradebook; with --source the test cells, hidden tests included, come from the source notebook
-as in ``nbgrader autograde``), judges every graded cell and prints kernel and judge verdicts
-and timings.
+Defends against: learner code patching checkers, course_lib, comparisons or exception hooks in
+its kernel (the comparison happens here); rigged return values (decoded by exact type); a function
+rewriting a checker's inputs (only the contract's ``writes`` are mirrored); a kernel learning the
+hidden inputs (the judge's seed never enters it); hanging calls (timeout, interrupt, then the
+kernel counts as wedged); a kernel that dies or breaks the Jupyter protocol (HMAC, framing);
+oversized answers (``remote.LIMITS``); input requests during a call (answered with "", the call
+failed). Does not defend against: a function that wraps course_lib's reference (it passes;
+provenance flags it); test-cell statements other than checker calls (kernel only; under the
+driver's min rule they can only take points away); learner code feeding dummy calls to a probed
+submodule, or replacing the kernel half of the protocol (its answers are still only data); learner
+code printing the running cell's source (the feedback redacts its hidden lines).
 """
 from __future__ import annotations
 
 import ast
+import builtins
 import contextlib
 import hashlib
 import importlib
@@ -61,10 +45,12 @@ import os
 import re
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from traitlets import Bool, Enum, Float, Integer, Unicode
+from traitlets.config import LoggingConfigurable
 
 from .sandbox import blocking, breach_message, iopub_ready, protocol_breach
 from .text import encodable_tree, parse_python
@@ -72,9 +58,8 @@ from . import provenance
 
 
 class _Lazy:
-    """A module imported on first attribute access. nbgrader loads this file with the course
-    config for every command (generate_assignment, export, ...); course_lib.grading imports
-    torch (about a second), which only the judging during autograde needs."""
+    """A module imported on first attribute access: nbgrader loads this file with the course config
+    for every command, and torch (about a second to import) is needed only to judge."""
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -89,12 +74,11 @@ contracts = _Lazy("course_lib.grading.contracts")
 __all__ = ["HARNESS", "JudgeError", "KernelDied", "KernelWedged", "ProtocolError", "LearnerFault",
            "LearnerRaised", "CallTimeout", "KernelSession", "RemoteFunction", "CheckCall", "UnsupportedCell",
            "parse_test_cell", "judge_cell", "redact", "judge_seed", "derived_seed", "sha256_seed", "learner_exception",
-           "make_judge_execute", "configure_nbgrader", "nbgrader_config_lines", "apply_verdicts", "read_verdicts",
-           "VERDICT_SUFFIX"]
+           "CourseJudge", "make_judge_execute", "configure_nbgrader", "nbgrader_config_lines", "apply_verdicts",
+           "read_verdicts", "VERDICT_SUFFIX"]
 
-#: Code executed in the learner's kernel for a judging session. Names stay local to a function
-#: (learner globals such as ``json = 3`` cannot shadow them); ``import`` resolves through the
-#: frame's builtins, not globals. Anything the kernel then says is checked by the judge.
+#: Code the judge runs in the learner's kernel: names stay local to a function (learner globals such
+#: as ``json = 3`` cannot shadow them), and whatever the kernel then says is checked by the judge.
 HARNESS = """\
 def __course_judge_session():
     from course_grader import remote
@@ -108,9 +92,7 @@ finally:
 VERDICT_SUFFIX = ".judge.json"
 PASSED, FAILED, ERROR, UNJUDGED, SKIPPED = "passed", "failed", "error", "unjudged", "skipped"
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
-# What a checker lets the learner's functions change in place, and which notebook objects the
-# judge rebuilds on its side (``model=toy``: the kernel's own object is never used), are declared
-# once, in each lab's CONTRACTS table (course_lib.grading.tables.Contract): see declared_contract.
+NOT_DEFINED = "{} is not defined in the notebook (its cell did not run, or raised)"
 
 
 # == errors ======================================================================================
@@ -131,8 +113,8 @@ class ProtocolError(JudgeError):
 
 
 class LearnerFault(Exception):
-    """The learner's side failed a call: function missing, timed out, result or argument state
-    that cannot be sent as data. Verdict "failed"."""
+    """The learner's side failed a call: function missing, timed out, asked for input, result or
+    argument state that cannot be sent as data. Verdict "failed"."""
 
 
 class CallTimeout(LearnerFault):
@@ -162,13 +144,10 @@ def learner_exception(fn_name: str, kernel_type, message) -> LearnerRaised:
     a ``LearnerRaised`` that is also the built-in (``remote.BUILTIN_ERRORS``) or course_lib
     exception class of that name, so a checker's ``except ValueError`` still catches it."""
     kernel_type = str(kernel_type)[:120]
-    message = str(message)[:2000]
     cls = _RAISED_CLASSES.get(kernel_type)
     if cls is None:
         base: type | None = None
         if kernel_type in remote.BUILTIN_ERRORS:
-            import builtins
-
             base = getattr(builtins, kernel_type, None)
         elif kernel_type.startswith("course_lib.") and re.fullmatch(r"[A-Za-z0-9_.]+", kernel_type):
             module, _, name = kernel_type.rpartition(".")
@@ -176,53 +155,45 @@ def learner_exception(fn_name: str, kernel_type, message) -> LearnerRaised:
             candidate = getattr(sys.modules.get(module), name, None)
             if isinstance(candidate, type) and issubclass(candidate, Exception):
                 base = candidate
-        bases = (LearnerRaised, base) if base is not None else (LearnerRaised,)
-        cls = type("Learner" + (kernel_type.rpartition(".")[2] or "Exception"), bases,
-                   {"kernel_type": kernel_type})
+        cls = type("Learner" + (kernel_type.rpartition(".")[2] or "Exception"),
+                   (LearnerRaised, base) if base is not None else (LearnerRaised,), {"kernel_type": kernel_type})
         if len(_RAISED_CLASSES) < 256:
             _RAISED_CLASSES[kernel_type] = cls
-    exc = cls(f"{fn_name} raised {kernel_type}: {message}")
-    return exc
+    return cls(f"{fn_name} raised {kernel_type}: {str(message)[:2000]}")
 
 
 # == transport ===================================================================================
 class KernelSession:
-    """Judge-side end of the harness protocol over a BlockingKernelClient.
+    """Judge-side end of the harness protocol; make one with ``KernelSession.connect``.
 
     Args:
-        client: a started BlockingKernelClient (shell and stdin channels) of the learner's kernel.
-            Use ``KernelSession.connect(connection_info)`` to make one next to another client
-            (nbclient's): the kernel routes input requests to the client that sent the request.
+        client: a started BlockingKernelClient (shell and stdin) of its own for the learner's
+            kernel, which routes input requests to the client that sent the execute_request.
         interrupt: callable that interrupts the kernel (``km.interrupt_kernel``), for timeouts.
         is_alive: callable that says whether the kernel process lives (``km.is_alive``).
         poll_interval: seconds between liveness checks while waiting.
         interrupt_grace: seconds a timed-out call gets to stop after the interrupt.
-    """
+
+    An input_request during a request whose prompt is not the protocol's (learner code that wrote
+    to the stdin channel itself, e.g. ``get_ipython().kernel.raw_input``) is answered with "" so the
+    kernel goes on, and the request fails with a ``LearnerFault`` that says so."""
 
     def __init__(self, client, *, interrupt: Callable | None = None, is_alive: Callable | None = None,
-                 poll_interval: float = 0.5, interrupt_grace: float = 10.0, owns_client: bool = False):
+                 poll_interval: float = 0.5, interrupt_grace: float = 10.0):
         import zmq
 
-        self.client = client
-        self.interrupt = blocking(interrupt)
-        self.is_alive = blocking(is_alive)
-        self.poll_interval = poll_interval
-        self.interrupt_grace = interrupt_grace
-        self.owns_client = owns_client
+        self.client, self.poll_interval, self.interrupt_grace = client, poll_interval, interrupt_grace
+        self.interrupt, self.is_alive = blocking(interrupt), blocking(is_alive)
         self.msg_id: str | None = None     # the open harness execute_request
         self.pending = False                # a harness input_request awaits our reply
-        self.dead = False
-        self.wedged = False
-        self.calls = 0
-        self.callbacks = 0
-        self.call_seconds = 0.0
+        self.dead = self.wedged = False
+        self.refused: str | None = None     # the first non-protocol prompt of the current request
+        self.calls = self.callbacks = 0
         self.observations: list[tuple[str, tuple[str, ...], bool]] = []   # watched calls (provenance)
+        self._stdin, self._shell = client.stdin_channel, client.shell_channel
         self._poller = zmq.Poller()
-        self._stdin = client.stdin_channel
-        self._shell = client.shell_channel
         self._poller.register(self._stdin.socket, zmq.POLLIN)
         self._poller.register(self._shell.socket, zmq.POLLIN)
-        self._described: dict[str, dict] = {}
 
     @classmethod
     def connect(cls, connection_info: dict, *, max_message_bytes: int = 1 << 30, ready_timeout: float = 60.0,
@@ -237,7 +208,7 @@ class KernelSession:
         client = BlockingKernelClient(context=context)
         client.load_connection_info(dict(connection_info))
         client.start_channels(shell=True, iopub=False, stdin=True, hb=False, control=False)
-        session = cls(client, owns_client=True, **kwargs)
+        session = cls(client, **kwargs)
         session._handshake(ready_timeout)
         return session
 
@@ -259,6 +230,10 @@ class KernelSession:
         time.sleep(0.05)
 
     # -- low level ---------------------------------------------------------------------------
+    def _lost(self, error: JudgeError) -> JudgeError:
+        self.dead, self.msg_id, self.pending = True, None, False
+        return error
+
     def _check_alive(self) -> None:
         if self.is_alive is not None:
             try:
@@ -266,53 +241,10 @@ class KernelSession:
             except Exception:
                 alive = False
             if not alive:
-                self.dead = True
-                self.msg_id, self.pending = None, False
-                raise KernelDied("the learner's kernel died")
+                raise self._lost(KernelDied("the learner's kernel died"))
 
-    def _reply(self, message: dict) -> None:
-        self.client.input(remote.dumps(message))
-        self.pending = False
-
-    def _next(self, deadline: float) -> dict:
-        """The next harness message (a dict), answering a learner's own input() with ''.
-
-        Raises: CallTimeout, KernelDied, _SessionEnded (the execute_reply came), ProtocolError."""
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise CallTimeout("timed out")
-            events = dict(self._poller.poll(int(1000 * min(remaining, self.poll_interval))))
-            got = False
-            if self._stdin.socket in events:
-                got = True
-                msg = self._get(self._stdin)
-                if msg is not None and msg.get("msg_type") == "input_request" \
-                        and msg.get("parent_header", {}).get("msg_id") == self.msg_id:
-                    self.pending = True
-                    prompt = msg.get("content", {}).get("prompt")
-                    if type(prompt) is not str or not prompt.startswith(remote.PROMPT):
-                        self._reply_raw("")
-                        continue
-                    try:
-                        message = remote.loads(prompt[len(remote.PROMPT):])
-                    except remote.RemoteDataError as exc:
-                        raise ProtocolError(f"harness message: {exc}") from None
-                    if type(message) is not dict or type(message.get("op")) is not str:
-                        raise ProtocolError("harness message without an op")
-                    return message
-            if self._shell.socket in events:
-                got = True
-                msg = self._get(self._shell)
-                if msg is not None and msg.get("msg_type") == "execute_reply" \
-                        and msg.get("parent_header", {}).get("msg_id") == self.msg_id and self.msg_id:
-                    self.msg_id, self.pending = None, False
-                    raise _SessionEnded(msg.get("content", {}))
-            if not got:
-                self._check_alive()
-
-    def _reply_raw(self, text: str) -> None:
-        self.client.input(text)
+    def _reply(self, message: dict | str) -> None:
+        self.client.input(message if type(message) is str else remote.dumps(message))
         self.pending = False
 
     def _get(self, channel):
@@ -326,10 +258,43 @@ class KernelSession:
         except Empty:
             return None
         except Exception as exc:
-            detail = protocol_breach(exc) or f"{type(exc).__name__}: {exc}"
-            self.dead = True
-            self.msg_id, self.pending = None, False
-            raise KernelDied(breach_message(detail)) from None
+            raise self._lost(KernelDied(breach_message(protocol_breach(exc) or f"{type(exc).__name__}: {exc}"))) \
+                from None
+
+    def _next(self, deadline: float) -> dict:
+        """The next harness message (a dict); a prompt that is not the protocol's is answered
+        with "" and remembered in ``refused``.
+
+        Raises: CallTimeout, KernelDied, _SessionEnded (the execute_reply came), ProtocolError."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CallTimeout("timed out")
+            events = dict(self._poller.poll(int(1000 * min(remaining, self.poll_interval))))
+            if not events:
+                self._check_alive()
+                continue
+            msg = self._get(self._stdin) if self._stdin.socket in events else None
+            if msg is not None and msg.get("msg_type") == "input_request" \
+                    and msg.get("parent_header", {}).get("msg_id") == self.msg_id:
+                self.pending = True
+                prompt = msg.get("content", {}).get("prompt")
+                if type(prompt) is not str or not prompt.startswith(remote.PROMPT):
+                    self.refused = self.refused or (prompt if type(prompt) is str else "?")
+                    self._reply("")
+                    continue
+                try:
+                    message = remote.loads(prompt[len(remote.PROMPT):])
+                except remote.RemoteDataError as exc:
+                    raise ProtocolError(f"harness message: {exc}") from None
+                if type(message) is not dict or type(message.get("op")) is not str:
+                    raise ProtocolError("harness message without an op")
+                return message
+            msg = self._get(self._shell) if self._shell.socket in events else None
+            if msg is not None and msg.get("msg_type") == "execute_reply" and self.msg_id \
+                    and msg.get("parent_header", {}).get("msg_id") == self.msg_id:
+                self.msg_id, self.pending = None, False
+                raise _SessionEnded(msg.get("content", {}))
 
     # -- session -------------------------------------------------------------------------------
     @property
@@ -380,13 +345,11 @@ class KernelSession:
             return
 
     def shutdown(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close(timeout=10.0)
-        if self.owns_client:
+        """End the harness cell and close this session's client."""
+        for step in (lambda: self.close(timeout=10.0), self.client.stop_channels,
+                     lambda: self.client.context.destroy(linger=0)):
             with contextlib.suppress(Exception):
-                self.client.stop_channels()
-            with contextlib.suppress(Exception):
-                self.client.context.destroy(linger=0)
+                step()
 
     def _abort(self) -> None:
         """After a timeout: interrupt, let the harness end, or mark the kernel wedged."""
@@ -395,21 +358,19 @@ class KernelSession:
                 self.interrupt()
         try:
             self._drain(time.monotonic() + self.interrupt_grace)
-        except CallTimeout:
-            self.wedged = True
-            self.msg_id, self.pending = None, False
+        except (CallTimeout, ProtocolError):
+            self.wedged, self.msg_id, self.pending = True, None, False
         except KernelDied:
             pass
-        except ProtocolError:
-            self.wedged = True
-            self.msg_id, self.pending = None, False
 
-    def _exchange(self, request: dict, deadline: float, callbacks: list | None = None,
+    def _exchange(self, request: dict, deadline: float, what: str, callbacks: list | None = None,
                   objects: list | None = None) -> dict:
-        """Send a request to the open harness; serve callbacks; return its answer."""
+        """Send a request to the open harness; serve callbacks; return its answer. Raises what
+        ``_next`` raises, and LearnerFault when learner code asked for input meanwhile."""
         self.open(deadline)
         if not self.pending:
             raise ProtocolError("the harness is not waiting for a request")
+        self.refused = None
         self._reply(request)
         while True:
             try:
@@ -419,12 +380,18 @@ class KernelSession:
                 raise ProtocolError(f"the harness cell ended during a request ({c.get('status')}: "
                                     f"{c.get('ename', '')})") from None
             if message.get("op") != "callback":
-                return message
+                break
             self.callbacks += 1
             self._reply(self.answer_callback(message, callbacks or [], objects or []))
+        if self.refused is not None:
+            raise LearnerFault(f"{what} asked for input ({self.refused[:80]!r}) while the grader called it; a graded "
+                               "function gets its inputs as arguments and must not read stdin")
+        return message
 
     @staticmethod
     def answer_callback(message: dict, callbacks: list, objects: list) -> dict:
+        """The judge's reply to a kernel's "callback" message: call ``callbacks[id]`` on the
+        strictly decoded arguments and encode what it returns (or the error it raised)."""
         cid = message.get("id")
         if type(cid) is not int or not 0 <= cid < len(callbacks):
             return {"op": "error", "message": "unknown callback"}
@@ -439,64 +406,49 @@ class KernelSession:
         except remote.RemoteDataError as exc:
             return {"op": "error", "message": f"the grader could not read the arguments: {exc}"}
         try:
-            value = callbacks[cid](*args, **kwargs)
-            return {"op": "return", "value": remote.CallEncoder(register=False).encode(value)}
+            return {"op": "return", "value": remote.CallEncoder(register=False).encode(callbacks[cid](*args, **kwargs))}
         except Exception as exc:
             return {"op": "error", "message": f"{type(exc).__name__}: {exc}"[:500]}
 
     # -- requests ------------------------------------------------------------------------------
     def describe(self, names: list[str], deadline: float) -> dict[str, dict]:
         """What each name is in the kernel: {name: {defined, callable, module, qualname, type}}."""
-        todo = [n for n in names if n not in self._described]
-        if todo:
-            answer = self._exchange({"op": "describe", "names": todo}, deadline)
-            info = answer.get("names") if answer.get("op") == "described" else None
-            if type(info) is not dict:
-                raise ProtocolError("bad describe answer")
-            for n in todo:
-                entry = info.get(n)
-                clean = {"defined": False}
-                if type(entry) is dict and entry.get("defined") is True:
-                    clean = {"defined": True, "callable": entry.get("callable") is True}
-                    for key in ("module", "qualname", "type"):
-                        value = entry.get(key)
-                        clean[key] = value[:200] if type(value) is str else ""
-                self._described[n] = clean
-        return {n: self._described[n] for n in names}
+        answer = self._exchange({"op": "describe", "names": names}, deadline, ", ".join(names))
+        info = answer.get("names") if answer.get("op") == "described" else None
+        if type(info) is not dict:
+            raise ProtocolError("bad describe answer")
+        described = {}
+        for n in names:
+            entry, described[n] = info.get(n), {"defined": False}
+            if type(entry) is dict and entry.get("defined") is True:
+                described[n] = {"defined": True, "callable": entry.get("callable") is True,
+                                **{key: entry[key][:200] if type(entry.get(key)) is str else ""
+                                   for key in ("module", "qualname", "type")}}
+        return described
 
-    def forget(self) -> None:
-        """Drop cached descriptions (between cells: the learner may redefine names)."""
-        self._described.clear()
+    def call(self, name: str, args: tuple, kwargs: dict, deadline: float, contract=None, watch: list | None = None):
+        """Call the kernel's ``name`` on plain-data copies of ``args``/``kwargs`` under the checker's
+        ``contract`` (``course_lib.grading.tables.Contract``; None: nothing written back, no probes):
+        mirror the in-place changes its ``writes`` allow, replay its ``probes``, and return the
+        strictly decoded result. With ``watch`` (``provenance.watch_spec``) the kernel also says
+        which of those references' code ran; that is appended to ``observations``.
 
-    def call(self, name: str, args: tuple, kwargs: dict, deadline: float, writable: dict | None = None,
-             watch: list | None = None):
-        """Call the kernel's ``name`` on plain-data copies of ``args``/``kwargs``; mirror the
-        in-place changes ``writable`` allows (``writable_spec``; None: none); return the strictly
-        decoded result. With ``watch`` (``provenance.watch_spec``) the kernel also says which of
-        those references' code ran during the call; it is appended to ``observations``.
-
-        Raises: LearnerRaised (the function raised), LearnerFault (missing, timeout, result
-        that cannot come back), JudgeError (kernel died/wedged, protocol)."""
+        Raises: LearnerRaised (the function raised), LearnerFault (missing, timeout, input asked,
+        result that cannot come back), JudgeError (kernel died/wedged, protocol)."""
         import torch
 
         encoder = remote.CallEncoder()
         arg_nodes = [encoder.encode(a) for a in args]
         kw_nodes = [[k, encoder.encode(v)] for k, v in kwargs.items()]
-        allowed = _writable_oids(encoder, arg_nodes, kw_nodes, writable or {})
-        request = {"op": "call", "fn": name, "args": arg_nodes, "kwargs": kw_nodes,
-                   "objects": encoder.table, "grad": bool(torch.is_grad_enabled())}
-        if watch:
-            request["watch"] = watch
-        start = time.monotonic()
+        probes = remote.probe_request(encoder.objects, contract.probes if contract is not None else ())
+        request = {"op": "call", "fn": name, "args": arg_nodes, "kwargs": kw_nodes, "objects": encoder.table,
+                   "grad": bool(torch.is_grad_enabled()), "probes": probes, **({"watch": watch} if watch else {})}
         self.calls += 1
         try:
-            answer = self._exchange(request, deadline, encoder.callbacks, encoder.objects)
+            answer = self._exchange(request, deadline, name, encoder.callbacks, encoder.objects)
         except CallTimeout:
             self._abort()
             raise CallTimeout(f"{name} did not return within the time limit") from None
-        finally:
-            self.call_seconds += time.monotonic() - start
-        op = answer.get("op")
         if watch:
             reached, watched = answer.get("reached"), {w["reference"] for w in watch}
             valid = type(reached) is list and all(type(r) is str and r in watched for r in reached)
@@ -504,84 +456,58 @@ class KernelSession:
                                       valid and answer.get("observed") is True))
         decoder = remote.ResultDecoder(encoder.objects)
         try:
-            decoder.apply_state(answer.get("state", []), allowed)
-            self._replay_embeddings(answer.get("embed", []), encoder.objects)
+            decoder.apply_state(answer.get("state", []), _writable_oids(
+                encoder, arg_nodes, kw_nodes, contract.writes if contract is not None else None))
+            remote.replay_probes(answer.get("probed", []), encoder.objects, probes)
         except TypeError as exc:
             raise LearnerFault(f"{name}: {exc}") from None
         except remote.RemoteDataError as exc:
             raise ProtocolError(f"{name}: argument state: {exc}") from None
-        if op == "returned":
-            try:
-                return decoder.decode(answer.get("value"))
-            except remote.RemoteDataError as exc:
-                raise ProtocolError(f"{name}: result: {exc}") from None
-        if op == "raised":
-            raise learner_exception(name, answer.get("type"), answer.get("message"))
-        if op == "missing":
-            raise LearnerFault(f"{name} is not defined in the notebook (its cell did not run, or raised)")
-        if op == "unencodable":
-            raise LearnerFault(f"{name} returned a value that cannot be sent as plain data")
-        if op == "undecodable":
-            raise ProtocolError(f"the kernel could not rebuild the arguments of {name}: "
-                                f"{str(answer.get('message'))[:300]}")
-        raise ProtocolError(f"unexpected harness answer {str(op)[:40]!r}")
-
-    @staticmethod
-    def _replay_embeddings(entries, objects: list) -> None:
-        """Feed the judge's model the same number of token ids per embed_tokens call as the
-        kernel's copy saw, so forward hooks on it (the checkers' token counters) count them."""
-        import torch
-        from course_lib.models.decoder import Decoder
-
-        if type(entries) is not list:
-            raise remote.RemoteDataError("embed counts must be a list")
-        total = 0
-        for entry in entries:
-            if type(entry) is not list or len(entry) != 2 or type(entry[0]) is not int \
-                    or not 0 <= entry[0] < len(objects) or not isinstance(objects[entry[0]], Decoder):
-                raise remote.RemoteDataError("bad embed count entry")
-            counts = entry[1]
-            if type(counts) is not list or any(type(n) is not int or n < 0 for n in counts) or len(counts) > 100_000:
-                raise remote.RemoteDataError("bad embed counts")
-            total += sum(counts)
-            if total > 1_000_000:
-                raise remote.RemoteDataError("embed counts over the limit")
-            model = objects[entry[0]]
-            if model.embed_tokens._forward_hooks or model.embed_tokens._forward_pre_hooks:
-                with torch.no_grad():
-                    for n in counts:
-                        model.embed_tokens(torch.zeros(n, dtype=torch.long))
+        return _outcome(name, answer, decoder)
 
 
-def _writable_oids(encoder, arg_nodes: list, kw_nodes: list, spec: dict) -> set[int]:
-    """Object ids the learner's function may change: the arguments ``spec`` names and everything
-    reachable from them through containers and course_lib state objects."""
-    def oid_of(node):
-        return node.get("id") if isinstance(node, dict) and node.get("$") == "ref" else None
+def _outcome(name: str, answer: dict, decoder) -> Any:
+    """The decoded result of a call's answer, or the exception that stands for how it failed."""
+    op = answer.get("op")
+    if op == "returned":
+        try:
+            return decoder.decode(answer.get("value"))
+        except remote.RemoteDataError as exc:
+            raise ProtocolError(f"{name}: result: {exc}") from None
+    if op == "raised":
+        raise learner_exception(name, answer.get("type"), answer.get("message"))
+    faults = {"missing": NOT_DEFINED.format(name),
+              "unencodable": f"{name} returned a value that cannot be sent as plain data"}
+    if op in faults:
+        raise LearnerFault(faults[op])
+    if op == "undecodable":
+        raise ProtocolError(f"the kernel could not rebuild the arguments of {name}: {str(answer.get('message'))[:300]}")
+    raise ProtocolError(f"unexpected harness answer {str(op)[:40]!r}")
 
-    roots = {oid_of(n) for i, n in enumerate(arg_nodes) if i in spec.get("args", ())}
-    roots |= {oid_of(n) for k, n in kw_nodes if k in spec.get("kwargs", ())}
-    types = set(spec.get("types", ()))
-    roots |= {oid for oid, obj in enumerate(encoder.objects) if type(obj).__name__ in types}
-    roots.discard(None)
-    ids = {id(obj): oid for oid, obj in enumerate(encoder.objects)}
-    allowed, todo = set(), list(roots)
+
+def _writable_oids(encoder, arg_nodes: list, kw_nodes: list, writes) -> set[int]:
+    """Object ids the learner's function may change: the arguments the contract's ``writes``
+    (``Writes``; None: none) names or whose class it lists, and every object their nodes refer to."""
+    if not writes:
+        return set()
+    roots = [n for i, n in enumerate(arg_nodes) if i in writes.args] + [n for k, n in kw_nodes if k in writes.kwargs]
+    todo = _refs(roots) + [oid for oid, obj in enumerate(encoder.objects) if isinstance(obj, writes.types)]
+    nodes, allowed = dict(encoder.table), set()
     while todo:
         oid = todo.pop()
-        if oid in allowed:
-            continue
-        allowed.add(oid)
-        obj = encoder.objects[oid]
-        if isinstance(obj, dict):
-            children = [*obj.keys(), *obj.values()]
-        elif isinstance(obj, (list, tuple, deque)):
-            children = list(obj)
-        elif hasattr(obj, "__dict__") and not hasattr(obj, "forward"):
-            children = list(vars(obj).values())
-        else:
-            children = []
-        todo.extend(ids[id(c)] for c in children if id(c) in ids)
+        if oid not in allowed:
+            allowed.add(oid)
+            todo.extend(_refs(nodes[oid]))
     return allowed
+
+
+def _refs(node) -> list[int]:
+    """The object ids of the ``ref`` nodes inside NODE (a CallEncoder node tree)."""
+    if isinstance(node, list):
+        return [oid for item in node for oid in _refs(item)]
+    if isinstance(node, dict):
+        return [node["id"]] if node.get("$") == "ref" else [oid for value in node.values() for oid in _refs(value)]
+    return []
 
 
 class RemoteFunction:
@@ -590,14 +516,14 @@ class RemoteFunction:
     it would in-process)."""
 
     def __init__(self, session: KernelSession, name: str, info: dict, deadline: Callable[[], float],
-                 writable: dict | None = None, watch: list | None = None):
-        self._session, self._deadline, self._writable, self._watch = session, deadline, writable, watch
+                 contract=None, watch: list | None = None):
+        self._session, self._deadline, self._contract, self._watch = session, deadline, contract, watch
         self.__name__ = name
         self.__qualname__ = info.get("qualname") or name
         self.__module__ = info.get("module") or ""
 
     def __call__(self, *args, **kwargs):
-        return self._session.call(self.__name__, args, kwargs, self._deadline(), self._writable, self._watch)
+        return self._session.call(self.__name__, args, kwargs, self._deadline(), self._contract, self._watch)
 
     def __repr__(self) -> str:
         return f"<learner function {self.__name__} (in the kernel)>"
@@ -766,19 +692,11 @@ def derived_seed(base: int, *parts) -> int:
 _NUMBER = re.compile(r"(?<![\w])(?<!\d\.)[-+]?(?:\d[\d_]*(?:,\d{3})*(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?(?![\w])")
 #: Phrases of a failing message whose numbers say *how* it failed, not what the inputs or the
 #: reference were: they survive redaction.
-_KEEP = [
-    re.compile(r"max \|diff\|(?: over the compared steps)? [-+0-9.eE]+(?:inf|nan)?"),
-    re.compile(r"\|diff\| [-+0-9.eE]+"),
-    re.compile(r"\d+ of \d+ values over"),
-    re.compile(r"ratio got/expected = [-+0-9.eE]+(?:inf|nan)?"),
-    re.compile(r"first over tolerance at (?:index \([\d, ]*\)|step \d+)"),
-    re.compile(r"\bcase \d+"),
-    re.compile(r"\d+ significant figures"),
-    re.compile(r"relative error (?:must be )?<= [-+0-9.eE]+"),
-    re.compile(r"\b[ar]tol [-+0-9.eE]+"),
-    re.compile(r"top-2"),
-    re.compile(r"torch\.\w+"),
-]
+_KEEP = [re.compile(p) for p in (
+    r"max \|diff\|(?: over the compared steps)? [-+0-9.eE]+(?:inf|nan)?", r"\|diff\| [-+0-9.eE]+",
+    r"\d+ of \d+ values over", r"ratio got/expected = [-+0-9.eE]+(?:inf|nan)?",
+    r"first over tolerance at (?:index \([\d, ]*\)|step \d+)", r"\bcase \d+", r"\d+ significant figures",
+    r"relative error (?:must be )?<= [-+0-9.eE]+", r"\b[ar]tol [-+0-9.eE]+", r"top-2", r"torch\.\w+")]
 _HINT = re.compile(r"; your number is what the formula gives with .*$")
 _CONSTANTS: set[str] = set()
 
@@ -834,22 +752,13 @@ def redact(message: str) -> str:
     and got values, shapes, formula terms, and the lines that print reference values ("(reference:",
     "expected ...", "got ..."); other numbers become '#'."""
     lines = str(message).splitlines() or [""]
-    kept: list[str] = []
-    diagnosis = False
-    for i, line in enumerate(lines):
-        stripped = line.strip()
-        if stripped.startswith("Diagnosis:"):
-            diagnosis = True
-        if i > 0 and not diagnosis:
-            continue           # reference values, expected/got plans, and the like
-        if i == 0:
-            line = _collapse_case(_HINT.sub("", line))
-            if line.rstrip().endswith(":"):
-                line = line.rstrip() + " the result differs from the reference"
-            kept.append(_mask_numbers(line, constants=False))
-        else:
-            kept.append(_mask_numbers(line, constants=True))
-    return "\n".join(kept)
+    head = _collapse_case(_HINT.sub("", lines[0]))
+    if head.rstrip().endswith(":"):
+        head = head.rstrip() + " the result differs from the reference"
+    # the lines after the first print reference values, expected/got plans and the like, up to the Diagnosis
+    diagnosis = next((i for i, line in enumerate(lines) if line.strip().startswith("Diagnosis:")), len(lines))
+    return "\n".join([_mask_numbers(head, constants=False)]
+                     + [_mask_numbers(line, constants=True) for line in lines[max(1, diagnosis):]])
 
 
 def _mask_numbers(line: str, constants: bool) -> str:
@@ -876,12 +785,12 @@ def _mask_numbers(line: str, constants: bool) -> str:
 # == judging a cell ==============================================================================
 def declared_contract(module: str, checker: str):
     """The ``Contract`` of ``course_lib.grading.MODULE.CONTRACTS`` whose checker is CHECKER (a
-    function of that module): the checker the judge runs and what it may let the learner write.
+    function of that module): the checker the judge runs, what the learner's functions may write,
+    the notebook objects the judge rebuilds, the probes it replays and the references it watches.
 
     Raises:
         UnsupportedCell: MODULE is not a lab module name (``labNN``), or the lab declares no
-            contract for CHECKER (a graded cell may call only
-            declared checkers: the table says what their learner functions may write).
+            contract for CHECKER (a graded cell may call only declared checkers).
     """
     if not _CHECKER_MODULE.fullmatch(module) or not checker.startswith("check_"):
         raise UnsupportedCell(f"{module}.{checker} is not a course checker")
@@ -892,151 +801,118 @@ def declared_contract(module: str, checker: str):
     raise UnsupportedCell(f"course_lib.grading.{module}.CONTRACTS declares no contract for {checker}")
 
 
-def writable_spec(contract) -> dict | None:
-    """The contract's ``Writes`` as RemoteFunction takes it (None: nothing may change)."""
-    writes = contract.writes
-    if not writes:
-        return None
-    return {"args": tuple(writes.args), "kwargs": tuple(writes.kwargs),
-            "types": tuple(t.__name__ for t in writes.types)}
-
-
-def _substitute(name: str, substitutes: dict, cache: dict):
-    if name not in substitutes:
+def _substitute(name: str, objects: dict, cache: dict):
+    """The judge's own copy of the notebook object NAME, built as the contract's ``objects`` say."""
+    if name not in objects:
         raise UnsupportedCell(f"keyword value {name!r} names a kernel object the judge has no substitute for")
     if name not in cache:
-        module, factory, kwargs = substitutes[name]
+        module, factory, kwargs = objects[name]
         cache[name] = getattr(importlib.import_module(module), factory)(**kwargs)
     return cache[name]
 
 
-def _check_record(call: CheckCall, repeat_index: int) -> dict:
-    return {"checker": f"{call.module}.{call.checker}", "functions": list(call.functions), "line": call.line,
-            "hidden": call.hidden, "repeat": repeat_index, "status": SKIPPED, "message": "", "seconds": 0.0,
-            "calls": 0, "callbacks": 0}
-
-
-def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed: int = 0,
-               cell_timeout: float = 300.0, call_timeout: float = 60.0,
-               substitutes: dict | None = None, keep_going: bool = False, log: Callable | None = None) -> dict:
-    """Judge one graded test cell against a live kernel in which the learner's cells have run.
-
-    Args:
-        session: a KernelSession of that kernel.
-        source: the test cell's trusted source (with its hidden tests).
-        grade_id, seed: the cell's id and the judge's base seed; ``fresh_seed()`` occurrence k
-            of the cell becomes ``derived_seed(seed, grade_id, k)``.
-        cell_timeout, call_timeout: seconds for the whole cell and for one call into the kernel.
-        substitutes: kernel-object keyword values -> judge-side factories ``(module, factory, kwargs)``,
-            over those the checker's contract declares (``Contract.objects``).
-        keep_going: run the remaining checks after a failure (default: stop, like the cell does).
-
-    Returns:
-        A JSON-able dict: grade_id, status (passed / failed / error / unjudged), message (the
-        first non-passing check's; redacted when that check is hidden), checks (one record per
-        checker run: status, message, seconds, calls), kernel_only (statements not judged),
-        seconds.
-    """
-    start = time.monotonic()
-    cell_deadline = start + cell_timeout
-    substitutes = dict(substitutes or {})
-    verdict: dict[str, Any] = {"grade_id": grade_id, "status": UNJUDGED, "message": "", "checks": [],
-                               "kernel_only": 0, "seconds": 0.0}
-    try:
-        calls, other = parse_test_cell(source)
-    except UnsupportedCell as exc:
-        verdict.update(status=ERROR, message=f"the judge cannot read this test cell: {exc}")
-        return verdict
-    verdict["kernel_only"] = other
-    if not calls:
-        verdict["message"] = "no labNN.check_* call in this cell: judged in the kernel only"
-        return verdict
-    records = []
-    fresh_count = 0
-    plan = []
+def _plan(calls: list[CheckCall], seed: int, grade_id: str) -> list[tuple[CheckCall, dict, dict]]:
+    """One (call, fresh seeds, record) per checker run; ``fresh_seed()`` occurrence k of the cell
+    (repeats counted) becomes ``derived_seed(seed, grade_id, k)``."""
+    plan, fresh = [], 0
     for call in calls:
-        for r in range(call.repeat):
+        for repeat in range(call.repeat):
             seeds = {}
             for key, value in call.kwargs.items():
                 if value is FRESH:
-                    seeds[key] = derived_seed(seed, grade_id, fresh_count)
-                    fresh_count += 1
-            plan.append((call, r, seeds))
-            records.append(_check_record(call, r))
-    verdict["checks"] = records
+                    seeds[key] = derived_seed(seed, grade_id, fresh)
+                    fresh += 1
+            plan.append((call, seeds, {
+                "checker": f"{call.module}.{call.checker}", "functions": list(call.functions), "line": call.line,
+                "hidden": call.hidden, "repeat": repeat, "status": SKIPPED, "message": "", "seconds": 0.0,
+                "calls": 0, "callbacks": 0}))
+    return plan
+
+
+def _run_check(session: KernelSession, call: CheckCall, seeds: dict, record: dict, deadline: Callable[[], float],
+               cache: dict) -> None:
+    """Run one checker with proxies for the learner's functions; raises what the check raises."""
+    if deadline() <= time.monotonic():
+        raise CallTimeout("the judge's time for this cell ran out")
+    contract = declared_contract(call.module, call.checker)
+    watch = provenance.watch_spec(contract.references)
+    if contract.references:
+        record["references"] = list(contract.references)
+    kwargs = {key: seeds[key] if value is FRESH else
+              _substitute(value.name, contract.objects, cache) if isinstance(value, KernelName) else value
+              for key, value in call.kwargs.items()}
+    info = session.describe(call.functions, deadline())
+    proxies = []
+    for name in call.functions:
+        if not info[name].get("defined"):
+            raise LearnerFault(NOT_DEFINED.format(name))
+        proxies.append(RemoteFunction(session, name, info[name], deadline, contract, watch) if info[name]["callable"]
+                       else remote.opaque_class(info[name].get("type") or "object")())
+    contract.checker(*proxies, **kwargs)
+
+
+def _judged(session: KernelSession, call: CheckCall, seeds: dict, record: dict, **kwargs) -> None:
+    """``_run_check`` with its outcome written into ``record``: status (a contract broken, the
+    learner's exception or fault: failed; the judge unable to judge: error), message (redacted when
+    the check is hidden), seconds, calls, callbacks and what the reference watch saw."""
+    start, calls, callbacks, seen = time.monotonic(), session.calls, session.callbacks, len(session.observations)
+    status, message = PASSED, ""
+    try:
+        _run_check(session, call, seeds, record, **kwargs)
+    except UnsupportedCell as exc:
+        status, message = ERROR, f"the judge cannot run this check: {exc}"
+    except JudgeError as exc:
+        status, message = ERROR, f"{type(exc).__name__}: {exc}"
+    except (contracts.ContractError, LearnerRaised, LearnerFault) as exc:
+        status, message = FAILED, str(exc)
+    except Exception as exc:  # the checker could not go on with what came back (e.g. a stand-in)
+        status, message = FAILED, f"the check stopped: {type(exc).__name__}: {str(exc)[:500]}"
+    record.update(status=status, seconds=round(time.monotonic() - start, 4), calls=session.calls - calls,
+                  callbacks=session.callbacks - callbacks, message=redact(message) if call.hidden else message)
+    if record.get("references"):
+        record.update(provenance.runtime_summary(session.observations[seen:]))
+
+
+def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed: int = 0,
+               cell_timeout: float = 300.0, call_timeout: float = 60.0, log: Callable | None = None) -> dict:
+    """Judge one graded test cell against a live kernel (a KernelSession) in which the learner's
+    cells have run. ``source`` is the cell's trusted source (with its hidden tests); ``fresh_seed()``
+    occurrence k of the cell draws ``derived_seed(seed, grade_id, k)``; ``cell_timeout`` and
+    ``call_timeout`` are seconds for the whole cell and for one call; ``log`` gets a line per check.
+
+    Returns a JSON-able dict: grade_id, status (passed / failed / error / unjudged), message (the
+    first non-passing check's; redacted when that check is hidden), checks (one record per checker
+    run: status, message, seconds, calls; like the cell, the rest are "skipped" after the first that
+    does not pass), kernel_only (statements not judged), seconds."""
+    start = time.monotonic()
+    verdict: dict[str, Any] = {"grade_id": grade_id, "status": UNJUDGED, "message": "", "checks": [],
+                               "kernel_only": 0, "seconds": 0.0}
+    try:
+        calls, verdict["kernel_only"] = parse_test_cell(source)
+    except UnsupportedCell as exc:
+        return dict(verdict, status=ERROR, message=f"the judge cannot read this test cell: {exc}")
+    if not calls:
+        return dict(verdict, message="no labNN.check_* call in this cell: judged in the kernel only")
+    plan = _plan(calls, seed, grade_id)
+    verdict["checks"] = [record for _, _, record in plan]
     cache: dict = {}
-    session.forget()
-    stop = False
-    for (call, r, seeds), record in zip(plan, records):
-        if stop:
-            continue
-        t0 = time.monotonic()
-        calls0, cb0, obs0 = session.calls, session.callbacks, len(session.observations)
-        status, message = PASSED, ""
-        try:
-            if not session.usable:
-                raise (KernelDied if session.dead else KernelWedged)("the learner's kernel is unusable")
-            if time.monotonic() > cell_deadline:
-                raise CallTimeout("the judge's time for this cell ran out")
-            contract = declared_contract(call.module, call.checker)
-            objects = {**contract.objects, **substitutes}
-            watch = provenance.watch_spec(contract.references)
-            if contract.references:
-                record["references"] = list(contract.references)
-            kwargs = {}
-            for key, value in call.kwargs.items():
-                if value is FRESH:
-                    kwargs[key] = seeds[key]
-                elif isinstance(value, KernelName):
-                    kwargs[key] = _substitute(value.name, objects, cache)
-                else:
-                    kwargs[key] = value
-            info = session.describe(call.functions, min(cell_deadline, time.monotonic() + call_timeout))
-            proxies = []
-            for name in call.functions:
-                entry = info[name]
-                if not entry.get("defined"):
-                    raise LearnerFault(f"{name} is not defined in the notebook (its cell did not run, or raised)")
-                if entry.get("callable"):
-                    proxies.append(RemoteFunction(session, name, entry,
-                                                  lambda: min(cell_deadline, time.monotonic() + call_timeout),
-                                                  writable_spec(contract), watch))
-                else:
-                    proxies.append(remote.opaque_class(entry.get("type") or "object")())
-            contract.checker(*proxies, **kwargs)
-        except contracts.ContractError as exc:
-            status, message = FAILED, str(exc)
-        except LearnerRaised as exc:
-            status, message = FAILED, str(exc)
-        except LearnerFault as exc:
-            status, message = FAILED, str(exc)
-        except UnsupportedCell as exc:
-            status, message = ERROR, f"the judge cannot run this check: {exc}"
-        except JudgeError as exc:
-            status, message = ERROR, f"{type(exc).__name__}: {exc}"
-        except Exception as exc:  # the checker could not go on with what came back (e.g. a stand-in)
-            status, message = FAILED, f"the check stopped: {type(exc).__name__}: {str(exc)[:500]}"
-        record.update(status=status, seconds=round(time.monotonic() - t0, 4), calls=session.calls - calls0,
-                      callbacks=session.callbacks - cb0,
-                      message=redact(message) if (call.hidden and message) else message)
-        if record.get("references"):
-            record.update(provenance.runtime_summary(session.observations[obs0:]))
+
+    def deadline() -> float:          # of the next call: its own timeout, within the cell's
+        return min(start + cell_timeout, time.monotonic() + call_timeout)
+
+    for call, seeds, record in plan:
+        _judged(session, call, seeds, record, cache=cache, deadline=deadline)
         if log is not None:
-            log(f"judge {grade_id} {call.label}{' [hidden]' if call.hidden else ''}: {status} "
+            log(f"judge {grade_id} {call.label}{' [hidden]' if call.hidden else ''}: {record['status']} "
                 f"({record['seconds']:.2f} s, {record['calls']} calls)")
-        if status != PASSED and (not keep_going or status == ERROR):
-            stop = True
+        if record["status"] != PASSED:
+            break
     with contextlib.suppress(Exception):
         session.close()
-    done = [r for r in records if r["status"] != SKIPPED]
-    worst = next((r for r in done if r["status"] == ERROR), None) or next(
-        (r for r in done if r["status"] == FAILED), None)
-    if worst is None:
-        verdict["status"] = PASSED
-    else:
-        verdict["status"] = worst["status"]
-        where = f"{worst['checker']}{' (hidden test)' if worst['hidden'] else ''}"
-        verdict["message"] = f"{where}: {worst['message']}"
+    worst = next((r for r in verdict["checks"] if r["status"] in (ERROR, FAILED)), None)   # the last one run
+    verdict["status"] = PASSED if worst is None else worst["status"]
+    if worst is not None:
+        verdict["message"] = f"{worst['checker']}{' (hidden test)' if worst['hidden'] else ''}: {worst['message']}"
     verdict["seconds"] = round(time.monotonic() - start, 4)
     return verdict
 
@@ -1076,218 +952,201 @@ def _trusted_source(cell, resources: dict) -> str | None:
     return cell.get("source") if meta.get("locked") else None
 
 
-def _make_mixin():
-    from traitlets import Bool, Dict, Enum, Float, Integer, Unicode
-    from traitlets.config import LoggingConfigurable
+def _error_verdict(grade_id: str, message: str) -> dict:
+    return {"grade_id": grade_id, "status": ERROR, "checks": [], "kernel_only": 0, "seconds": 0.0, "message": message}
 
-    class CourseJudge(LoggingConfigurable):
-        """Mixin for nbgrader's Execute (or a subclass such as the sandbox's SandboxExecute):
-        judge every graded test cell right after it ran, against the same kernel.
-        Configure as ``c.CourseJudge.<trait>``."""
 
-        enabled_judge = Bool(True, help="Judge graded test cells outside the kernel").tag(config=True)
-        seed = Integer(None, allow_none=True, help="Base seed of the judge's hidden tests (default: "
-                       "$COURSE_JUDGE_SEED, else derived from $COURSE_GRADING_SEED, else random)").tag(config=True)
-        call_timeout = Float(60.0, help="Seconds one call into the kernel may take").tag(config=True)
-        cell_timeout = Float(None, allow_none=True, help="Seconds the judge may spend on one cell (default: "
-                             "Execute.timeout, else 300)").tag(config=True)
-        enforce = Bool(True, help="Add an error output to a graded cell the kernel passed and the judge did "
-                       "not, so SaveAutoGrades scores it 0 and the feedback shows the judge's message"
-                       ).tag(config=True)
-        restart_dead_kernel = Bool(True, help="Restart a kernel that died during judging so the notebook "
-                                   "goes on (later cells then fail in a fresh kernel). Under the sandbox's "
-                                   "SandboxExecute its own rule applies instead: later cells are not run and "
-                                   "get a KernelDied error").tag(config=True)
-        verdict_path = Unicode("", help="Where to write the verdicts JSON (default: "
-                               "{notebook}.judge.json next to the notebook; '-': nowhere)").tag(config=True)
-        substitutes = Dict(help="Kernel-object keyword values -> [module, factory, kwargs] the judge "
-                           "builds itself").tag(config=True)
-        reference_reuse = Enum(["flag", "zero"], "flag", help="A graded test whose learner functions reach "
-                               "course_lib's reference for that exercise (its contract's references; "
-                               "course_grader.provenance) is flagged in its verdict; 'zero' also scores it 0 "
-                               "(a ReferenceReuse error output in the cell)").tag(config=True)
+def _add_error(cell, ename: str, text: str) -> None:
+    from nbformat.v4 import new_output   # an error output: nbgrader scores the cell 0, the feedback shows TEXT
 
-        def preprocess(self, nb, resources=None, km=None):
+    cell.outputs.append(new_output("error", ename=ename, evalue=text, traceback=[f"{ename}: {text}"]))
+
+
+def _write_record(path: str, record: dict) -> None:
+    """Write a verdict record as JSON to PATH: through a device or pipe as it is (never renamed over
+    /dev/null), else to a temporary file renamed over PATH, which replaces a planted symlink
+    instead of writing through it."""
+    text = json.dumps(record, indent=1)
+    if os.path.exists(path) and not os.path.islink(path) and not os.path.isfile(path):
+        Path(path).write_text(text)
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    Path(tmp).write_text(text)
+    os.replace(tmp, path)
+
+
+class CourseJudge(LoggingConfigurable):
+    """Mixin for nbgrader's Execute (or a subclass such as the sandbox's SandboxExecute): judge
+    every graded test cell right after it ran, against the same kernel (``make_judge_execute``).
+    Configure as ``c.CourseJudge.<trait>``."""
+
+    enabled_judge = Bool(True, help="Judge graded test cells outside the kernel").tag(config=True)
+    seed = Integer(None, allow_none=True, help="Base seed of the judge's hidden tests (default: "
+                   "$COURSE_JUDGE_SEED, else derived from $COURSE_GRADING_SEED, else random)").tag(config=True)
+    call_timeout = Float(60.0, help="Seconds one call into the kernel may take").tag(config=True)
+    cell_timeout = Float(None, allow_none=True, help="Seconds the judge may spend on one cell (default: "
+                         "Execute.timeout, else 300)").tag(config=True)
+    enforce = Bool(True, help="Add an error output to a graded cell the kernel passed and the judge did "
+                   "not, so SaveAutoGrades scores it 0 and the feedback shows the judge's message").tag(config=True)
+    restart_dead_kernel = Bool(True, help="Restart a kernel that died during judging so the notebook "
+                               "goes on (later cells then fail in a fresh kernel). Under the sandbox's "
+                               "SandboxExecute its own rule applies instead: later cells are not run and "
+                               "get a KernelDied error").tag(config=True)
+    verdict_path = Unicode("", help="Where to write the verdicts JSON (default: "
+                           "{notebook}.judge.json next to the notebook; '-': nowhere)").tag(config=True)
+    reference_reuse = Enum(["flag", "zero"], "flag", help="A graded test whose learner functions reach "
+                           "course_lib's reference for that exercise (its contract's references; "
+                           "course_grader.provenance) is flagged in its verdict; 'zero' also scores it 0 "
+                           "(a ReferenceReuse error output in the cell)").tag(config=True)
+
+    def preprocess(self, nb, resources=None, km=None):
+        self._judge_session = None
+        self._judge_verdicts: list[dict] = []
+        self._judge_base = judge_seed(self.seed)
+        self._judge_resources = resources or {}
+        self._judge_nb = nb
+        try:
+            return super().preprocess(nb, resources, km)
+        finally:
+            self._judge_disconnect()
+            self._judge_write()
+
+    def preprocess_cell(self, cell, resources, index):
+        self._judge_index = index
+        restarts = getattr(self, "kernel_restarts", 0)
+        cell, resources = super().preprocess_cell(cell, resources, index)
+        if getattr(self, "kernel_restarts", 0) != restarts:
+            self._judge_disconnect()          # SandboxExecute restarted a wedged kernel: reconnect
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if self.enabled_judge and cell.get("cell_type") == "code" and meta.get("grade") and not meta.get("solution"):
+            self._judge(cell, resources or self._judge_resources)
+        return cell, resources
+
+    def _judge(self, cell, resources) -> None:
+        meta = cell.metadata.nbgrader
+        grade_id = meta.get("grade_id", f"cell{len(self._judge_verdicts)}")
+        in_kernel = _in_kernel_passed(cell)
+        died_in = getattr(self, "kernel_died_in", None)      # SandboxExecute: the kernel is gone
+        timed_out = any(o.get("output_type") == "error" and o.get("ename") == "CellTimeoutError"
+                        for o in cell.get("outputs", []))
+        skipped = died_in is not None or timed_out           # scores 0 already: no second timeout
+        if skipped:
+            verdict = _error_verdict(grade_id, f"not judged: the kernel died in cell {died_in}"
+                                     if died_in is not None else "not judged: the cell timed out in the kernel")
+        else:
+            verdict = self._judge_verdict(cell, resources, grade_id)
+        verdict.update(points=float(meta.get("points", 0) or 0), in_kernel_passed=in_kernel,
+                       kernel_seconds=None if skipped else _cell_seconds(cell))
+        verdict["disagrees"] = verdict["status"] != UNJUDGED and (verdict["status"] == PASSED) != in_kernel
+        self._judge_verdicts.append(verdict)
+        if skipped:
+            return
+        cell.metadata["course_judge"] = {"status": verdict["status"], "message": verdict["message"],
+                                         "in_kernel_passed": in_kernel}
+        if self.enforce and in_kernel and verdict["status"] in (FAILED, ERROR):
+            what = "failed" if verdict["status"] == FAILED else "could not judge"
+            _add_error(cell, "JudgeVerdict", f"the trusted judge {what} this test: {verdict['message']}")
+
+    def _judge_verdict(self, cell, resources, grade_id: str) -> dict:
+        source = _trusted_source(cell, resources)
+        if source is None:
+            return _error_verdict(grade_id, "no trusted source for this test cell (not in the gradebook, not locked)")
+        try:
+            verdict = judge_cell(self._judge_connect(), source, grade_id=grade_id, seed=self._judge_base,
+                                 cell_timeout=self.cell_timeout or float(getattr(self, "timeout", None) or 300),
+                                 call_timeout=self.call_timeout, log=self.log.info)
+        except Exception as exc:  # JudgeError, or a judge bug: never crash the notebook's grading
+            if not isinstance(exc, JudgeError):
+                self.log.exception("judge: crashed on %s", grade_id)
+            verdict = _error_verdict(grade_id, f"{type(exc).__name__}: {exc}")
+        if self._judge_session is not None and self._judge_session.dead:
+            verdict["message"] += " (the kernel died while being judged)"
+            self._judge_restart()
+        self._judge_reuse(cell, verdict)
+        return verdict
+
+    def _judge_reuse(self, cell, verdict: dict) -> None:
+        """Flag (and under reference_reuse='zero', fail) a cell whose learner functions reach
+        their exercise's reference, from the notebook's code before the cell and from what the
+        kernel observed during the judge's calls (course_grader.provenance)."""
+        try:
+            reuse = provenance.assess(self._judge_nb.cells[:self._judge_index], verdict,
+                                      zero=self.reference_reuse == "zero")
+        except Exception:  # a bug in the analysis must not stop the grading
+            self.log.exception("judge: the reference-reuse check crashed on %s", verdict.get("grade_id"))
+            return
+        if not reuse:
+            return
+        verdict["reference_reuse"] = reuse
+        self.log.warning("judge: %s reaches course_lib's reference %s%s", verdict.get("grade_id"),
+                         ", ".join(reuse["references"]) or "(call-time check switched off)",
+                         " (scored 0)" if reuse["zeroed"] else "")
+        if reuse["zeroed"] and self.enforce and _in_kernel_passed(cell):
+            _add_error(cell, "ReferenceReuse", f"this test scores 0: the course does not accept course_lib's own "
+                       f"reference ({', '.join(reuse['references'])}) as the exercise's answer")
+
+    def _judge_connect(self) -> KernelSession:
+        if self._judge_session is None or not self._judge_session.usable:
+            self._judge_disconnect()
+            self._judge_session = KernelSession.connect(self.km.get_connection_info(session=False),
+                                                        interrupt=self.km.interrupt_kernel, is_alive=self.km.is_alive)
+        return self._judge_session
+
+    def _judge_disconnect(self) -> None:
+        if self._judge_session is not None:
+            self._judge_session.shutdown()
             self._judge_session = None
-            self._judge_verdicts: list[dict] = []
-            self._judge_base = judge_seed(self.seed)
-            self._judge_resources = resources or {}
-            self._judge_nb = nb
+
+    def _judge_restart(self) -> None:
+        self._judge_disconnect()
+        if hasattr(self, "kernel_died_in"):
+            # SandboxExecute's rule for a dead kernel: later cells are not run and get a
+            # KernelDied error; follow it rather than start a second kernel. A kernel the judge
+            # found dead may still run (its messages failed verification): stop it now.
+            with contextlib.suppress(Exception):
+                blocking(self.km.shutdown_kernel)(now=True)
+            self.kernel_died_in = getattr(self, "_judge_index", None)
+        elif self.restart_dead_kernel:
             try:
-                return super().preprocess(nb, resources, km)
-            finally:
-                if self._judge_session is not None:
-                    self._judge_session.shutdown()
-                    self._judge_session = None
-                self._judge_write()
+                blocking(self.km.restart_kernel)(now=True)
+                blocking(self.kc.wait_for_ready)(timeout=60)
+                if not iopub_ready(self.kc, 20):
+                    raise JudgeError("the restarted kernel's output channel did not come back")
+                self.log.warning("judge: the kernel died while being judged; restarted it")
+            except Exception as exc:  # nbclient will report the dead kernel at the next cell
+                self.log.error("judge: could not restart the dead kernel: %s", exc)
 
-        def preprocess_cell(self, cell, resources, index):
-            self._judge_index = index
-            restarts = getattr(self, "kernel_restarts", 0)
-            cell, resources = super().preprocess_cell(cell, resources, index)
-            if getattr(self, "kernel_restarts", 0) != restarts and self._judge_session is not None:
-                self._judge_session.shutdown()     # SandboxExecute restarted a wedged kernel: reconnect
-                self._judge_session = None
-            meta = cell.get("metadata", {}).get("nbgrader", {})
-            if self.enabled_judge and cell.get("cell_type") == "code" and meta.get("grade") \
-                    and not meta.get("solution"):
-                died_in = getattr(self, "kernel_died_in", None)   # SandboxExecute: the kernel is gone
-                timed_out = any(o.get("output_type") == "error" and o.get("ename") == "CellTimeoutError"
-                                for o in cell.get("outputs", []))
-                if died_in is not None or timed_out:
-                    # the cell scores 0 already; judging it again would only spend another timeout
-                    self._judge_verdicts.append({
-                        "grade_id": meta.get("grade_id", ""), "status": ERROR, "checks": [], "kernel_only": 0,
-                        "seconds": 0.0, "points": float(meta.get("points", 0) or 0),
-                        "in_kernel_passed": _in_kernel_passed(cell), "kernel_seconds": None, "disagrees": False,
-                        "message": f"not judged: the kernel died in cell {died_in}" if died_in is not None
-                        else "not judged: the cell timed out in the kernel"})
-                else:
-                    self._judge(cell, resources or self._judge_resources)
-            return cell, resources
-
-        def _judge(self, cell, resources):
-            meta = cell.metadata.nbgrader
-            grade_id = meta.get("grade_id", f"cell{len(self._judge_verdicts)}")
-            in_kernel = _in_kernel_passed(cell)
-            source = _trusted_source(cell, resources)
-            if source is None:
-                verdict = {"grade_id": grade_id, "status": ERROR, "checks": [], "kernel_only": 0, "seconds": 0.0,
-                           "message": "no trusted source for this test cell (not in the gradebook and not locked)"}
-            else:
-                try:
-                    session = self._judge_connect()
-                    timeout = self.cell_timeout or float(getattr(self, "timeout", None) or 300)
-                    subs = {k: tuple(v) for k, v in self.substitutes.items()}
-                    verdict = judge_cell(session, source, grade_id=grade_id, seed=self._judge_base,
-                                         cell_timeout=timeout, call_timeout=self.call_timeout,
-                                         substitutes=subs, log=self.log.info)
-                except Exception as exc:  # JudgeError, or a judge bug: never crash the notebook's grading
-                    if not isinstance(exc, JudgeError):
-                        self.log.exception("judge: crashed on %s", grade_id)
-                    verdict = {"grade_id": grade_id, "status": ERROR, "checks": [], "kernel_only": 0,
-                               "seconds": 0.0, "message": f"{type(exc).__name__}: {exc}"}
-                session = self._judge_session
-                if session is not None and session.dead:
-                    verdict["message"] += " (the kernel died while being judged)"
-                    self._judge_restart()
-                self._judge_reuse(cell, verdict)
-            verdict.update(points=float(meta.get("points", 0) or 0), in_kernel_passed=in_kernel,
-                           kernel_seconds=_cell_seconds(cell))
-            verdict["disagrees"] = verdict["status"] != UNJUDGED and (verdict["status"] == PASSED) != in_kernel
-            self._judge_verdicts.append(verdict)
-            cell.metadata["course_judge"] = {"status": verdict["status"], "message": verdict["message"],
-                                             "in_kernel_passed": in_kernel}
-            if self.enforce and in_kernel and verdict["status"] in (FAILED, ERROR):
-                from nbformat.v4 import new_output
-
-                what = "failed" if verdict["status"] == FAILED else "could not judge"
-                text = f"the trusted judge {what} this test: {verdict['message']}"
-                cell.outputs.append(new_output("error", ename="JudgeVerdict", evalue=text,
-                                               traceback=[f"JudgeVerdict: {text}"]))
-
-        def _judge_reuse(self, cell, verdict: dict) -> None:
-            """Flag (and under reference_reuse='zero', fail) a cell whose learner functions reach
-            their exercise's reference, from the notebook's code before the cell and from what the
-            kernel observed during the judge's calls (course_grader.provenance)."""
-            try:
-                reuse = provenance.assess(self._judge_nb.cells[:self._judge_index], verdict,
-                                          zero=self.reference_reuse == "zero")
-            except Exception:  # a bug in the analysis must not stop the grading
-                self.log.exception("judge: the reference-reuse check crashed on %s", verdict.get("grade_id"))
+    def _judge_write(self) -> None:
+        resources = self._judge_resources or {}
+        info = resources.get("nbgrader") or {}
+        path = self.verdict_path
+        if not path:
+            folder = (resources.get("metadata") or {}).get("path")
+            name = info.get("notebook") or (resources.get("metadata") or {}).get("name")
+            if not folder or not name:
                 return
-            if not reuse:
-                return
-            verdict["reference_reuse"] = reuse
-            self.log.warning("judge: %s reaches course_lib's reference %s%s", verdict.get("grade_id"),
-                             ", ".join(reuse["references"]) or "(call-time check switched off)",
-                             " (scored 0)" if reuse["zeroed"] else "")
-            if reuse["zeroed"] and self.enforce and not any(o.get("output_type") == "error" for o in cell.outputs):
-                from nbformat.v4 import new_output
-
-                text = (f"this test scores 0: the course does not accept course_lib's own reference "
-                        f"({', '.join(reuse['references'])}) as the exercise's answer")
-                cell.outputs.append(new_output("error", ename="ReferenceReuse", evalue=text,
-                                               traceback=[f"ReferenceReuse: {text}"]))
-
-        def _judge_connect(self) -> KernelSession:
-            if self._judge_session is None or not self._judge_session.usable:
-                if self._judge_session is not None:
-                    self._judge_session.shutdown()
-                km = self.km
-                self._judge_session = KernelSession.connect(
-                    km.get_connection_info(session=False), interrupt=km.interrupt_kernel, is_alive=km.is_alive)
-            return self._judge_session
-
-        def _judge_restart(self) -> None:
-            if self._judge_session is not None:
-                self._judge_session.shutdown()
-                self._judge_session = None
-            if hasattr(self, "kernel_died_in"):
-                # SandboxExecute's rule for a dead kernel: later cells are not run and get a
-                # KernelDied error; follow it rather than start a second kernel. A kernel the judge
-                # found dead may still run (its messages failed verification): stop it now.
-                with contextlib.suppress(Exception):
-                    blocking(self.km.shutdown_kernel)(now=True)
-                self.kernel_died_in = getattr(self, "_judge_index", None)
-                return
-            if self.restart_dead_kernel:
-                try:
-                    blocking(self.km.restart_kernel)(now=True)
-                    blocking(self.kc.wait_for_ready)(timeout=60)
-                    self._judge_iopub_ready()
-                    self.log.warning("judge: the kernel died while being judged; restarted it")
-                except Exception as exc:  # nbclient will report the dead kernel at the next cell
-                    self.log.error("judge: could not restart the dead kernel: %s", exc)
-
-        def _judge_iopub_ready(self, tries: int = 20) -> None:
-            if not iopub_ready(self.kc, tries):
-                raise JudgeError("the restarted kernel's output channel did not come back")
-
-        def _judge_write(self) -> None:
-            resources = self._judge_resources or {}
-            info = resources.get("nbgrader") or {}
-            path = self.verdict_path
-            if not path:
-                folder = (resources.get("metadata") or {}).get("path")
-                name = info.get("notebook") or (resources.get("metadata") or {}).get("name")
-                if not folder or not name:
-                    return
-                path = os.path.join(folder, name + VERDICT_SUFFIX)
-            record = {"protocol": remote.PROTOCOL, "student": info.get("student"),
-                      "assignment": info.get("assignment"), "notebook": info.get("notebook"),
-                      "judge_seed": self._judge_base, "cells": self._judge_verdicts}
-            with contextlib.suppress(Exception):   # exec, eval, computed imports: beyond the reuse check
-                record["dynamic_code"] = provenance.analyse(provenance.notebook_cells(self._judge_nb.cells)).dynamic
-            encodable_tree(record)         # learner text in messages: UTF-8 writers must not fail on it
-            resources["course_judge"] = record
-            if path == "-":                # keep the verdicts in memory only
-                return
-            text = json.dumps(record, indent=1)
-            if os.path.exists(path) and not os.path.islink(path) and not os.path.isfile(path):
-                Path(path).write_text(text)    # a device or pipe (never rename over /dev/null)
-                return
-            tmp = f"{path}.{os.getpid()}.tmp"
-            Path(tmp).write_text(text)
-            os.replace(tmp, path)          # replaces a planted symlink instead of writing through it
-
-    return CourseJudge
+            path = os.path.join(folder, name + VERDICT_SUFFIX)
+        record = {"protocol": remote.PROTOCOL, "student": info.get("student"),
+                  "assignment": info.get("assignment"), "notebook": info.get("notebook"),
+                  "judge_seed": self._judge_base, "cells": self._judge_verdicts}
+        with contextlib.suppress(Exception):   # code that may hide calls from the reference check
+            record["dynamic_code"] = provenance.analyse(provenance.notebook_cells(self._judge_nb.cells)).dynamic
+        encodable_tree(record)         # learner text in messages: UTF-8 writers must not fail on it
+        resources["course_judge"] = record
+        if path != "-":                # "-": keep the verdicts in memory only
+            _write_record(path, record)
 
 
-_MIXIN = None
 _JUDGED: dict[type, type] = {}
 
 
 def make_judge_execute(base: type | None = None) -> type:
     """``base`` (nbgrader's Execute by default, or a subclass) with the judge mixed in; its
     settings are ``c.CourseJudge.*`` and everything ``c.Execute.*`` still applies."""
-    global _MIXIN
     if base is None:
         from nbgrader.preprocessors import Execute as base
     if base not in _JUDGED:
-        if _MIXIN is None:
-            _MIXIN = _make_mixin()
-        _JUDGED[base] = type("Judged" + base.__name__, (_MIXIN, base), {"__module__": __name__})
+        _JUDGED[base] = type("Judged" + base.__name__, (CourseJudge, base), {"__module__": __name__})
     return _JUDGED[base]
 
 
@@ -1304,7 +1163,7 @@ def configure_nbgrader(c) -> type:
         steps = list(Autograde.class_traits()["autograde_preprocessors"].default())
     for i, step in enumerate(steps):
         if isinstance(step, type) and issubclass(step, Execute):
-            if _MIXIN is not None and issubclass(step, _MIXIN):
+            if issubclass(step, CourseJudge):
                 return step
             steps[i] = make_judge_execute(step)
             c.Autograde.autograde_preprocessors = steps
@@ -1323,11 +1182,10 @@ def nbgrader_config_lines() -> list[str]:
 
 # == after autograde ==============================================================================
 def read_verdicts(folder: str | os.PathLike, student: str | None = None, assignment: str | None = None) -> list[dict]:
-    """The verdict records under ``folder`` (nbgrader's autograded folder, or one learner's or one
-    assignment's folder in it): ``{student}/{assignment}/{notebook}.judge.json`` whose recorded
-    student, assignment and notebook match its path (and STUDENT / ASSIGNMENT when given).
-    Without a sandbox the learner's kernel can write files there, so the driver should rely on
-    the in-notebook enforcement (``CourseJudge.enforce``) and use these records for the report."""
+    """The verdict records ``{student}/{assignment}/{notebook}.judge.json`` under ``folder`` (nbgrader's
+    autograded folder, or a learner's or assignment's folder in it) whose recorded student,
+    assignment and notebook match their path (and STUDENT / ASSIGNMENT when given). Unsandboxed, the
+    learner's kernel can write there: the scores then rest on ``CourseJudge.enforce``, not these."""
     records = []
     for path in sorted(Path(folder).rglob("*" + VERDICT_SUFFIX)):
         if path.is_symlink() or not path.is_file():
@@ -1336,17 +1194,11 @@ def read_verdicts(folder: str | os.PathLike, student: str | None = None, assignm
             record = encodable_tree(json.loads(path.read_text()))  # the kernel could write it, unsandboxed
         except (OSError, ValueError):
             continue
-        if not isinstance(record, dict) or not isinstance(record.get("cells"), list):
-            continue
-        notebook = path.name[:-len(VERDICT_SUFFIX)]
-        if (record.get("notebook"), record.get("assignment"), record.get("student")) != \
-                (notebook, path.parent.name, path.parent.parent.name):
-            continue
-        if (student is not None and record["student"] != student) or \
-                (assignment is not None and record["assignment"] != assignment):
-            continue
-        record["path"] = str(path)
-        records.append(record)
+        where = (path.name[:-len(VERDICT_SUFFIX)], path.parent.name, path.parent.parent.name)
+        if isinstance(record, dict) and isinstance(record.get("cells"), list) \
+                and (record.get("notebook"), record.get("assignment"), record.get("student")) == where \
+                and student in (None, where[2]) and assignment in (None, where[1]):
+            records.append(dict(record, path=str(path)))
     return records
 
 
@@ -1381,13 +1233,9 @@ def apply_verdicts(db_url: str, records: list[dict], policy: str = "min", course
                                           record["student"])
                 except (MissingEntry, KeyError):
                     continue
-                points = float(grade.max_score)
-                judged = points if status == PASSED else 0.0
-                in_kernel = bool(verdict.get("in_kernel_passed"))
-                kernel_score = points if in_kernel else 0.0
-                score = judged if policy == "judge" else min(judged, kernel_score)
-                if (verdict.get("reference_reuse") or {}).get("zeroed") is True:
-                    score = 0.0            # reference_reuse='zero': not a disagreement, the course's rule
+                points, in_kernel = float(grade.max_score), bool(verdict.get("in_kernel_passed"))
+                zeroed = (verdict.get("reference_reuse") or {}).get("zeroed") is True   # the course's rule
+                score = points if status == PASSED and (policy == "judge" or in_kernel) and not zeroed else 0.0
                 grade.auto_score = score
                 if in_kernel != (status == PASSED):
                     flagged.append({"learner": record["student"], "lab": record["assignment"],
@@ -1396,68 +1244,3 @@ def apply_verdicts(db_url: str, records: list[dict], policy: str = "min", course
                                     "judge": status, "score": score, "message": verdict.get("message", "")})
         gb.db.commit()
     return flagged
-
-
-# == command line ================================================================================
-def judge_notebook(path: str | os.PathLike, *, source: str | os.PathLike | None = None, seed: int | None = None,
-                   timeout: int = 300, call_timeout: float = 60.0, cwd: str | None = None) -> tuple[list[dict], float]:
-    """Run a notebook in a plain local kernel with nbgrader's Execute plus the judge (no
-    gradebook: test-cell sources come from the notebook, whose graded cells must be locked, or,
-    like ``nbgrader autograde`` does, from the graded cells of the SOURCE notebook with the same
-    grade_id, hidden tests included). Returns (verdicts, seconds)."""
-    import nbformat
-
-    nb = nbformat.read(str(path), as_version=4)
-    if source is not None:
-        tests = {c.metadata.nbgrader["grade_id"]: c.source for c in nbformat.read(str(source), as_version=4).cells
-                 if c.get("metadata", {}).get("nbgrader", {}).get("grade")
-                 and not c.metadata.nbgrader.get("solution")}
-        for cell in nb.cells:
-            meta = cell.get("metadata", {}).get("nbgrader", {})
-            if meta.get("grade_id") in tests and not meta.get("solution"):
-                cell.source = tests[meta["grade_id"]]
-    cls = make_judge_execute()
-    folder = cwd or str(Path(path).resolve().parent)
-    pre = cls(timeout=timeout, call_timeout=call_timeout, seed=seed, enforce=False,
-              verdict_path="-", kernel_name="python3")
-    resources = {"metadata": {"path": folder}}
-    start = time.monotonic()
-    pre.preprocess(nb, resources)
-    return pre._judge_verdicts, time.monotonic() - start
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("notebooks", nargs="+")
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--timeout", type=int, default=300)
-    parser.add_argument("--json", help="write all verdicts to this file")
-    parser.add_argument("--source", help="source notebook (or a folder like solutions/ holding LAB/LAB.ipynb) "
-                        "whose test cells replace the notebook's, hidden tests included")
-    args = parser.parse_args(argv)
-    everything = {}
-    failed = 0
-    for path in args.notebooks:
-        source = None
-        if args.source:
-            source = args.source if args.source.endswith(".ipynb") else \
-                str(Path(args.source) / Path(path).parent.name / Path(path).name)
-        verdicts, seconds = judge_notebook(path, source=source, seed=args.seed, timeout=args.timeout)
-        everything[path] = {"seconds": seconds, "cells": verdicts}
-        print(f"{path}: {seconds:.1f} s (kernel + judge)")
-        for v in verdicts:
-            calls = sum(c["calls"] for c in v["checks"])
-            kernel_s = v.get("kernel_seconds")
-            print(f"  {v['grade_id']:28s} {v['status']:8s} kernel {'passed' if v['in_kernel_passed'] else 'FAILED'}"
-                  f" {kernel_s if kernel_s is not None else float('nan'):6.2f} s  judge {v['seconds']:6.2f} s "
-                  f"{calls:5d} calls  {v['message'][:150]}")
-            failed += v["status"] != PASSED
-    if args.json:
-        Path(args.json).write_text(json.dumps(everything, indent=1))
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

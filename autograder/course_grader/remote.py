@@ -1,13 +1,10 @@
 """Plain-data calls between the trusted grading judge and a learner's kernel.
 
-The judge (``course_grader.judge``) runs the unchanged ``course_lib.grading`` checkers in
-its own process and hands them *proxies* in place of the learner's functions. Calling a
-proxy encodes the arguments with this module, asks the learner's kernel to call the real
-function (looked up by name in the kernel's namespace) on the decoded arguments, and
-decodes what comes back. Only data crosses: JSON for the structure, tensors and arrays as
-their raw bytes (base64 in the JSON). There is no pickle anywhere, so nothing the kernel
-sends can make the judge run code; the worst a tampered kernel can do is send wrong data,
-which the checker then judges like any other wrong answer.
+The judge (``course_grader.judge``) runs the unchanged ``course_lib.grading`` checkers in its own
+process and hands them proxies for the learner's functions. Calling a proxy encodes the arguments
+with this module, asks the learner's kernel to call the real function (looked up by name in the
+kernel's namespace) on the decoded arguments, and decodes what comes back. Only data crosses: JSON
+for the structure, tensors and arrays as their raw bytes (base64 in the JSON).
 
 Node format (every JSON object is a tagged node, so a plain dict never looks like one):
 
@@ -18,45 +15,42 @@ Node format (every JSON object is a tagged node, so a plain dict never looks lik
     {"$": "tensor", "dtype": "float32", "shape": [..], "data": b64}   a plain torch.Tensor
     {"$": "ndarray", "dtype": "<f8", "shape": [..], "data": b64, "writeable": bool}
     {"$": "npscalar", "dtype": "<f8", "data": b64}             numpy scalar (np.float64 ...)
-    {"$": "value", "type": "StepPlan", "fields": [[name, node], ...]}  frozen course_lib records
-    {"$": "state", "type": "BlockPool", "fields": [[name, node], ...]} mutable course_lib objects
+    {"$": "value", "type": "StepPlan", "fields": [[name, node], ...]}  frozen records (ModelConfig ...)
+    {"$": "state", "type": "BlockPool", "fields": [[name, node], ...]} objects with a WIRE_STATE
     {"$": "decoder", "config": node, "params": [[name, tensor node], ...]}   a Decoder (rebuilt)
     {"$": "ref", "id": n}        the n-th object of the call (aliasing, in-place writes)
     {"$": "callback", "id": n}   the n-th judge-side callable (the kernel calls back)
     {"$": "opaque", "type": "module.Qualname"}   something that cannot cross (refused)
 
-Values: ``value`` types are ModelConfig, hardware Device, scheduling Deployment (whose
-``device`` field is a Device value node), Request, RequestRecord and StepPlan (rebuilt field
-by field); ``state`` types are BlockPool, PagedSequence, PagedKVCache and KVCache (rebuilt
-without their constructor from the attributes the class names in its ``WIRE_STATE``, written
-back after the call); a Decoder is rebuilt kernel-side from its config and state dict.
+Judge -> kernel (``CallEncoder``, ``CallDecoder``): mutable arguments go to an object table and
+are sent as ``ref``s, so aliasing survives. Kernel -> judge (``ResultEncoder``, ``ResultDecoder``):
+only exact types are encoded, an argument comes back as a ``ref`` to the judge's own object, and
+the new state of changed arguments is applied only where the checker's contract lets the learner
+write (``apply_state``). A call may carry ``watch`` (``provenance.watch_spec``: the kernel says
+which references' code ran) and ``probes`` (the contract's ``Probe``s: a rebuilt argument's
+submodule whose forward calls the kernel records by input shape and dtype and ``replay_probes``
+replays on the judge's object, where a checker's hooks count them). ``serve()`` is the kernel's
+loop: input_request prompts (``PROMPT`` + JSON) through the ``input`` ipykernel installs for the
+harness's execute_request (its public ``raw_input``), taken before learner code runs; replies are
+input_reply values.
 
-Direction judge -> kernel (``CallEncoder``): every mutable argument (tensor, array, list,
-dict, deque, state object, decoder) becomes an entry of an object table and is referred
-to by ``ref``; callables become ``callback`` nodes. Direction kernel -> judge
-(``ResultEncoder`` in the kernel, ``ResultDecoder`` in the judge): only exact types are
-encoded (a torch.Tensor subclass, an int subclass, an object with a rigged ``__eq__``...
-becomes ``opaque`` and is decoded as a stand-in object that equals nothing); an argument
-object returned or kept in a container comes back as a ``ref`` to the judge's own object.
-After each call the kernel sends the new state of every argument object that changed, and
-the judge applies it to those of its own objects the checker expects to change
-(``ResultDecoder.apply_state``; the contract's ``writes`` in the lab's CONTRACTS table), so a checker sees in-place
-writes (attend_with_cache's cache, paged_append's pool and sequence) as it would in-process,
-while a change to any other argument (a checker's input or reference data) is not applied. Tokens fed through a Decoder's ``embed_tokens`` are counted kernel-side and
-replayed on the judge's model, so a checker's forward hook sees the same counts.
-
-A call may carry ``watch`` (``course_grader.provenance.watch_spec``: the code of the contract's
-reference functions); the kernel then profiles that call and answers with ``reached`` (the
-references whose code ran) and ``observed`` (``provenance.Observer``).
-
-Kernel side: ``serve()`` is the loop the judge's harness cell runs (see
-``course_grader.judge``); messages travel on the Jupyter stdin channel as input_request
-prompts (kernel -> judge, prefixed by ``PROMPT``) and input_reply values (judge -> kernel).
+Defends against: code run by data (no pickle or eval: a tampered kernel can only send wrong data,
+which the checker judges like any wrong answer); malformed or oversized messages (``Limits``,
+counted before JSON is parsed); rigged values (a subclass of a known type, a rigged ``__eq__``, a
+cycle: an ``Opaque`` stand-in that equals nothing); a learner function rewriting a checker's
+inputs (``apply_state``); the learner's ``input()``/``getpass`` during a call (they raise, as in a
+graded cell with stdin off). Does not defend against anything inside the kernel: its half runs in
+the learner's process, so learner code can replace it, forge answers, fake or hide a probe's calls
+(hiding shows as too few) or write to the stdin channel itself (``kernel.raw_input``; the judge
+refuses prompts that are not the protocol's). Probed inputs cross as shapes, not values.
 """
 from __future__ import annotations
 
 import base64
 import binascii
+import builtins
+import contextlib
+import getpass
 import json
 import math
 import re
@@ -67,10 +61,10 @@ import numpy as np
 import torch
 
 __all__ = ["PROTOCOL", "PROMPT", "RemoteDataError", "Opaque", "opaque_class", "CallEncoder", "CallDecoder",
-           "ResultEncoder", "ResultDecoder", "dumps", "loads", "encode_value", "decode_value", "encode_bytes",
-           "serve", "answer_call", "BUILTIN_ERRORS", "LIMITS"]
+           "ResultEncoder", "ResultDecoder", "dumps", "loads", "decode_value", "encode_bytes",
+           "probe_request", "replay_probes", "serve", "answer_call", "BUILTIN_ERRORS", "LIMITS"]
 
-PROTOCOL = "course-judge/1"
+PROTOCOL = "course-judge/2"
 #: Every harness message (an input_request prompt) starts with this.
 PROMPT = "\x1e" + PROTOCOL + " "
 
@@ -84,6 +78,8 @@ class Limits:
     max_items = 1 << 20          # container elements in one message
     max_str = 1 << 20            # characters of one str value
     max_message = 3 << 26        # characters of one JSON message (192 Mi; base64 of 128 MiB fits)
+    max_probed_calls = 100_000   # forward calls replayed for one learner call
+    max_probed_elements = 1_000_000   # input elements of those calls together
 
 
 LIMITS = Limits()
@@ -104,42 +100,38 @@ NUMPY_DTYPES = ("|b1", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "
 NUMPY_SCALARS = (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
                  np.float16, np.float32, np.float64)
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.<>]")
-
-
-def _value_types() -> dict[str, type]:
-    from course_lib.hardware import Device
-    from course_lib.models.config import ModelConfig
-    from course_lib.scheduling.cost import Deployment
-    from course_lib.scheduling.step import StepPlan
-    from course_lib.scheduling.workload import Request, RequestRecord
-    return {"ModelConfig": ModelConfig, "Device": Device, "Deployment": Deployment, "Request": Request,
-            "RequestRecord": RequestRecord, "StepPlan": StepPlan}
-
-
-def _state_types() -> dict[str, tuple[type, tuple[str, ...]]]:
-    """Mutable course_lib classes that cross, each with the attributes its ``WIRE_STATE`` names
-    (declared next to the class, so renaming a field there cannot silently break grading)."""
-    from course_lib.cache.contiguous import KVCache
-    from course_lib.cache.paged import BlockPool, PagedKVCache, PagedSequence
-    return {cls.__name__: (cls, tuple(cls.WIRE_STATE)) for cls in (BlockPool, PagedSequence, PagedKVCache, KVCache)}
-
-
 _TABLES: dict[str, Any] = {}
 
 
-def _tables():
+def _tables() -> dict[str, Any]:
+    """The course_lib classes that cross, imported on first use: ``values`` (frozen records),
+    ``states`` (mutable objects, each with the attributes its ``WIRE_STATE`` names, declared next
+    to the class so that renaming a field there cannot silently break grading) and ``decoder``."""
     if not _TABLES:
+        from course_lib.cache.contiguous import KVCache
+        from course_lib.cache.paged import BlockPool, PagedKVCache, PagedSequence
+        from course_lib.hardware import Device
+        from course_lib.models.config import ModelConfig
         from course_lib.models.decoder import Decoder
-        values = _value_types()
-        states = _state_types()
+        from course_lib.scheduling.cost import Deployment
+        from course_lib.scheduling.step import StepPlan
+        from course_lib.scheduling.workload import Request, RequestRecord
+
+        values = {cls.__name__: cls for cls in (ModelConfig, Device, Deployment, Request, RequestRecord, StepPlan)}
+        states = {cls.__name__: (cls, tuple(cls.WIRE_STATE))
+                  for cls in (BlockPool, PagedSequence, PagedKVCache, KVCache)}
         _TABLES.update(values=values, states=states, decoder=Decoder,
                        value_names={cls: name for name, cls in values.items()},
                        state_names={cls: name for name, (cls, _) in states.items()})
     return _TABLES
 
 
-def _field_names(cls) -> tuple[str, ...]:
-    return tuple(cls.__dataclass_fields__)
+def _record_fields(cls, tables: dict) -> tuple[str, str, tuple[str, ...]]:
+    """(tag, type name, field names) of a value or state class."""
+    if cls in tables["value_names"]:
+        return "value", tables["value_names"][cls], tuple(cls.__dataclass_fields__)
+    name = tables["state_names"][cls]
+    return "state", name, tables["states"][name][1]
 
 
 # -- stand-ins for what cannot cross -------------------------------------------------------------
@@ -162,20 +154,16 @@ _OPAQUE_CLASSES: dict[str, type] = {}
 
 
 def opaque_class(kernel_type: str) -> type:
-    """A subclass of ``Opaque`` whose module and qualname spell ``kernel_type`` (sanitised)."""
+    """A subclass of ``Opaque`` whose module and qualname spell ``kernel_type`` (sanitised; at most
+    512 distinct names, then "unknown")."""
     name = _SAFE_NAME.sub("_", str(kernel_type))[:120] or "unknown"
-    cls = _OPAQUE_CLASSES.get(name)
-    if cls is None:
-        if len(_OPAQUE_CLASSES) > 512:
-            name = "unknown"
-            cls = _OPAQUE_CLASSES.get(name)
-    if cls is None:
+    if name not in _OPAQUE_CLASSES and len(_OPAQUE_CLASSES) > 512:
+        name = "unknown"
+    if name not in _OPAQUE_CLASSES:
         module, _, qual = name.rpartition(".")
-        cls = type(qual or "unknown", (Opaque,), {"__slots__": (), "kernel_type": name,
-                                                  "__module__": module or "builtins",
-                                                  "__qualname__": qual or "unknown"})
-        _OPAQUE_CLASSES[name] = cls
-    return cls
+        _OPAQUE_CLASSES[name] = type(qual or "unknown", (Opaque,), {"__slots__": (), "kernel_type": name,
+                                     "__module__": module or "builtins", "__qualname__": qual or "unknown"})
+    return _OPAQUE_CLASSES[name]
 
 
 def _type_name(obj) -> str:
@@ -189,10 +177,7 @@ def _type_name(obj) -> str:
 
 
 def _opaque_node(obj, why: str = "") -> dict:
-    node = {"$": "opaque", "type": _type_name(obj)}
-    if why:
-        node["why"] = why
-    return node
+    return {"$": "opaque", "type": _type_name(obj), **({"why": why} if why else {})}
 
 
 # -- JSON ------------------------------------------------------------------------------------------
@@ -224,43 +209,28 @@ def encode_bytes(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def _unb64(text, expected: int) -> bytes:
-    if type(text) is not str:
-        raise RemoteDataError("tensor data must be a base64 str")
-    try:
-        data = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise RemoteDataError("tensor data is not valid base64") from None
-    if len(data) != expected:
-        raise RemoteDataError(f"tensor data holds {len(data)} bytes, its dtype and shape need {expected}")
-    return data
-
-
 def _tensor_node(t: torch.Tensor) -> dict:
     """Node of a tensor's values (detached, on the CPU, contiguous); dtype must be in TORCH_DTYPES."""
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.to("cpu")
-    t = t.resolve_conj().resolve_neg().contiguous()
-    name = _TORCH_NAMES[t.dtype]
-    if t.numel() == 0:
-        data = b""
-    else:
-        flat = t.reshape(-1)
-        data = (flat.view(torch.uint8) if t.dtype != torch.bool else flat.to(torch.uint8)).numpy().tobytes()
-    return {"$": "tensor", "dtype": name, "shape": list(t.shape), "data": encode_bytes(data)}
+    t = t.detach().cpu().resolve_conj().resolve_neg().contiguous()
+    flat = t.reshape(-1)
+    data = b"" if t.numel() == 0 else \
+        (flat.view(torch.uint8) if t.dtype != torch.bool else flat.to(torch.uint8)).numpy().tobytes()
+    return {"$": "tensor", "dtype": _TORCH_NAMES[t.dtype], "shape": list(t.shape), "data": encode_bytes(data)}
+
+
+def _little_endian(dtype) -> np.dtype:
+    return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
 
 
 def _ndarray_node(a: np.ndarray) -> dict:
-    dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
-    b = np.ascontiguousarray(a, dtype=dt)
+    b = np.ascontiguousarray(a, dtype=_little_endian(a.dtype))
     return {"$": "ndarray", "dtype": b.dtype.str, "shape": list(b.shape), "data": encode_bytes(b.tobytes()),
             "writeable": bool(a.flags.writeable)}
 
 
 def _npscalar_node(x) -> dict:
     arr = np.asarray(x)
-    dt = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
+    dt = _little_endian(arr.dtype)
     return {"$": "npscalar", "dtype": np.dtype(dt).str, "data": encode_bytes(arr.astype(dt).tobytes())}
 
 
@@ -273,77 +243,72 @@ def _tensor_ok(t) -> bool:
         return False
 
 
-class _Budget:
-    """Counts bytes and items decoded from one message."""
-
-    def __init__(self):
-        self.bytes = 0
-        self.items = 0
-
-    def take_bytes(self, n: int) -> None:
-        if n > LIMITS.max_tensor_bytes:
-            raise RemoteDataError(f"a tensor or array of {n:,} bytes is over the limit")
-        self.bytes += n
-        if self.bytes > LIMITS.max_total_bytes:
-            raise RemoteDataError("the tensors and arrays of one message are over the size limit")
-
-    def take_items(self, n: int) -> None:
-        self.items += n
-        if self.items > LIMITS.max_items:
-            raise RemoteDataError("too many container elements in one message")
+def _ndarray_ok(a) -> bool:
+    try:
+        return np.dtype(_little_endian(a.dtype)).str in NUMPY_DTYPES
+    except Exception:
+        return False
 
 
-def _shape(node) -> tuple[int, ...]:
-    shape = node.get("shape")
+def _shape(shape) -> tuple[int, ...]:
     if type(shape) is not list or len(shape) > LIMITS.max_dims or any(type(s) is not int or s < 0 for s in shape):
         raise RemoteDataError(f"bad shape {str(shape)[:80]}")
     return tuple(shape)
 
 
-def _decode_tensor(node: dict, budget: _Budget) -> torch.Tensor:
+def _data(node: dict, nbytes: int, budget: "_Decoder | None" = None) -> bytes:
+    """The ``data`` of a node: base64 of exactly NBYTES bytes (counted against BUDGET)."""
+    if budget is not None:
+        budget.take_bytes(nbytes)
+    text = node.get("data")
+    if type(text) is not str:
+        raise RemoteDataError("tensor data must be a base64 str")
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise RemoteDataError("tensor data is not valid base64") from None
+    if len(data) != nbytes:
+        raise RemoteDataError(f"tensor data holds {len(data)} bytes, its dtype and shape need {nbytes}")
+    return data
+
+
+def _decode_tensor(node: dict, budget: "_Decoder") -> torch.Tensor:
     _keys(node, {"$", "dtype", "shape", "data"})
     dtype = TORCH_DTYPES.get(node.get("dtype")) if type(node.get("dtype")) is str else None
     if dtype is None:
         raise RemoteDataError(f"tensor dtype {str(node.get('dtype'))[:40]!r} cannot cross")
-    shape = _shape(node)
-    numel = math.prod(shape)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    budget.take_bytes(numel * itemsize)
-    data = _unb64(node.get("data"), numel * itemsize)
-    if numel == 0:
+    shape = _shape(node.get("shape"))
+    data = _data(node, math.prod(shape) * torch.empty((), dtype=dtype).element_size(), budget)
+    if not data:
         return torch.empty(shape, dtype=dtype)
-    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    if dtype == torch.bool:
-        return raw.ne(0).reshape(shape)   # any nonzero byte is True (no invalid bool storage)
-    return raw.view(dtype).reshape(shape)   # owns its fresh bytearray: no copy needed
+    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)   # owns its fresh bytearray: no copy needed
+    return raw.ne(0).reshape(shape) if dtype == torch.bool else raw.view(dtype).reshape(shape)   # no invalid bools
 
 
-def _decode_ndarray(node: dict, budget: _Budget) -> np.ndarray:
-    _keys(node, {"$", "dtype", "shape", "data", "writeable"})
+def _numpy_dtype(node: dict, what: str) -> np.dtype:
     if node.get("dtype") not in NUMPY_DTYPES:
-        raise RemoteDataError(f"array dtype {str(node.get('dtype'))[:40]!r} cannot cross")
-    dt = np.dtype(node["dtype"])
-    shape = _shape(node)
-    numel = math.prod(shape)
-    budget.take_bytes(numel * dt.itemsize)
-    data = _unb64(node.get("data"), numel * dt.itemsize)
+        raise RemoteDataError(f"{what} dtype {str(node.get('dtype'))[:40]!r} cannot cross")
+    return np.dtype(node["dtype"])
+
+
+def _decode_ndarray(node: dict, budget: "_Decoder") -> np.ndarray:
+    _keys(node, {"$", "dtype", "shape", "data", "writeable"})
+    dt, shape = _numpy_dtype(node, "array"), _shape(node.get("shape"))
+    data = _data(node, math.prod(shape) * dt.itemsize, budget)
     if dt.kind == "b":
         arr = (np.frombuffer(data, dtype=np.uint8) != 0).reshape(shape)
     else:
         arr = np.frombuffer(data, dtype=dt).reshape(shape).astype(dt.newbyteorder("="), copy=True)
-    writeable = node.get("writeable")
-    if type(writeable) is not bool:
+    if type(node.get("writeable")) is not bool:
         raise RemoteDataError("array 'writeable' must be a bool")
-    arr.flags.writeable = writeable
+    arr.flags.writeable = node["writeable"]
     return arr
 
 
-def _decode_npscalar(node: dict, budget: _Budget):
+def _decode_npscalar(node: dict):
     _keys(node, {"$", "dtype", "data"})
-    if node.get("dtype") not in NUMPY_DTYPES:
-        raise RemoteDataError(f"numpy scalar dtype {str(node.get('dtype'))[:40]!r} cannot cross")
-    dt = np.dtype(node["dtype"])
-    data = _unb64(node.get("data"), dt.itemsize)
+    dt = _numpy_dtype(node, "numpy scalar")
+    data = _data(node, dt.itemsize)
     if dt.kind == "b":
         return np.bool_(data != b"\x00")
     return np.frombuffer(data, dtype=dt).astype(dt.newbyteorder("="))[0]
@@ -370,21 +335,105 @@ def _field_pairs(node: dict, expected: tuple[str, ...]) -> list:
     return pairs
 
 
+def _structure(value, kind: type, item: Callable, tables: dict):
+    """The node of ``value`` read as ``kind`` (list, tuple, deque, dict, or a value or state class),
+    each element encoded by ``item``. Reads through the base types, so an override cannot run."""
+    if kind is list:
+        return [item(v) for v in list.copy(value)]
+    if kind is tuple:
+        return {"$": "tuple", "items": [item(v) for v in tuple.__iter__(value)]}
+    if kind is deque:
+        return {"$": "deque", "items": [item(v) for v in deque.copy(value)], "maxlen": value.maxlen}
+    if kind is dict:
+        return {"$": "dict", "items": [[item(k), item(v)] for k, v in list(dict.items(value))]}
+    tag, name, fields = _record_fields(kind, tables)
+    return {"$": tag, "type": name, "fields": [[f, item(object.__getattribute__(value, f))] for f in fields]}
+
+
+class _Decoder:
+    """What both sides' decoders share: the limits of one message (depth, bytes, items, str
+    length) and the node kinds without refs; ``_tagged`` of a subclass adds its own kinds."""
+
+    def __init__(self):
+        self.bytes = 0
+        self.items = 0
+
+    def take_bytes(self, n: int) -> None:
+        if n > LIMITS.max_tensor_bytes:
+            raise RemoteDataError(f"a tensor or array of {n:,} bytes is over the limit")
+        self.bytes += n
+        if self.bytes > LIMITS.max_total_bytes:
+            raise RemoteDataError("the tensors and arrays of one message are over the size limit")
+
+    def take_items(self, n: int) -> None:
+        self.items += n
+        if self.items > LIMITS.max_items:
+            raise RemoteDataError("too many container elements in one message")
+
+    def decode(self, node, depth: int = 0):
+        if depth > LIMITS.max_depth:
+            raise RemoteDataError("nesting too deep")
+        t = type(node)
+        if node is None or t in (bool, int, float):
+            return node
+        if t is str:
+            if len(node) > LIMITS.max_str:
+                raise RemoteDataError("str value over the length limit")
+            return node
+        if t is list:
+            self.take_items(len(node))
+            return [self.decode(v, depth + 1) for v in node]
+        if t is not dict:
+            raise RemoteDataError(f"bad node of type {_type_name(node)}")
+        return self._tagged(node, node.get("$"), depth)
+
+    def _tagged(self, node: dict, tag, depth: int):
+        if tag in ("tuple", "deque"):
+            _keys(node, {"$", "items", "maxlen"} if tag == "deque" else {"$", "items"})
+            items, maxlen = node.get("items"), node.get("maxlen")
+            if type(items) is not list or not (maxlen is None or (type(maxlen) is int and maxlen >= 0)):
+                raise RemoteDataError(f"bad {tag} node")
+            self.take_items(len(items))
+            values = (self.decode(v, depth + 1) for v in items)
+            return tuple(values) if tag == "tuple" else deque(values, maxlen=maxlen)
+        if tag == "dict":
+            _keys(node, {"$", "items"})
+            pairs = _pairs(node, "items")
+            self.take_items(len(pairs))
+            out = {}
+            for k, v in pairs:
+                key, value = self.decode(k, depth + 1), self.decode(v, depth + 1)
+                try:
+                    out[key] = value
+                except TypeError:
+                    raise RemoteDataError(f"unhashable dict key of type {_type_name(key)}") from None
+            return out
+        if tag in ("tensor", "ndarray"):
+            return (_decode_tensor if tag == "tensor" else _decode_ndarray)(node, self)
+        if tag == "npscalar":
+            return _decode_npscalar(node)
+        if tag == "value":
+            _keys(node, {"$", "type", "fields"})
+            cls = _tables()["values"].get(node.get("type")) if type(node.get("type")) is str else None
+            if cls is None:
+                raise RemoteDataError(f"unknown value type {str(node.get('type'))[:40]!r}")
+            obj = cls.__new__(cls)   # mirror the fields exactly; no constructor runs
+            for f, v in _field_pairs(node, tuple(cls.__dataclass_fields__)):
+                object.__setattr__(obj, f, self.decode(v, depth + 1))
+            return obj
+        if tag == "opaque":
+            _keys(node, {"$", "type", "why"})
+            return opaque_class(str(node.get("type")))()
+        raise RemoteDataError(f"unknown node tag {str(tag)[:40]!r}")
+
+
 # -- judge -> kernel: the call ---------------------------------------------------------------------
-_MUTABLE = (list, dict, deque, torch.Tensor, np.ndarray)
-
-
 class CallEncoder:
-    """Encodes a call's arguments on the judge side (trusted values).
-
-    Mutable objects go to ``table`` (``[[oid, node], ...]``) and are referred to by ``ref``
-    nodes, so aliasing survives and the kernel can send their new state back; ``objects[oid]``
-    is the judge's object. Callables become ``callback`` nodes (``callbacks[cid]``).
-    With ``register=False`` everything is inlined (used for callback return values).
-
-    Raises:
-        TypeError: a value of a type the protocol does not carry (a grader bug).
-    """
+    """Encodes a call's arguments on the judge side (trusted values). Mutable objects go to
+    ``table`` (``[[oid, node], ...]``; ``objects[oid]`` is the judge's object) and are sent as
+    ``ref`` nodes, so aliasing survives and the kernel can send their new state back; callables
+    become ``callback`` nodes (``callbacks[cid]``). With ``register=False`` everything is inlined
+    (callback return values). Raises TypeError for a type the protocol does not carry (a grader bug)."""
 
     def __init__(self, register: bool = True):
         self.register = register
@@ -397,39 +446,31 @@ class CallEncoder:
         if depth > LIMITS.max_depth:
             raise TypeError("argument nested too deeply")
         t = type(value)
-        if value is None or t in (bool, int, str):
-            return value
-        if t is float:
+        if value is None or t in (bool, int, float, str):
             return value
         tables = _tables()
-        if t is tuple:
-            return {"$": "tuple", "items": [self.encode(v, depth + 1) for v in value]}
-        if t in tables["value_names"]:
-            return {"$": "value", "type": tables["value_names"][t],
-                    "fields": [[f, self.encode(getattr(value, f), depth + 1)] for f in _field_names(t)]}
-        if isinstance(value, NUMPY_SCALARS) and t in NUMPY_SCALARS:
+        if t is tuple or t in tables["value_names"]:
+            return _structure(value, t, lambda v: self.encode(v, depth + 1), tables)
+        if t in NUMPY_SCALARS:
             return _npscalar_node(value)
-        mutable = (isinstance(value, _MUTABLE) or t in tables["state_names"] or isinstance(value, tables["decoder"]))
-        if mutable:
+        if isinstance(value, (list, dict, deque, torch.Tensor, np.ndarray, tables["decoder"])) \
+                or t in tables["state_names"]:
             if not self.register:
-                return self._node(value, depth)
+                return self._node(value, depth, tables)
             oid = self._ids.get(id(value))
             if oid is None:
-                oid = len(self.objects)
-                self._ids[id(value)] = oid
+                oid = self._ids[id(value)] = len(self.objects)
                 self.objects.append(value)
                 entry = [oid, None]
                 self.table.append(entry)
-                entry[1] = self._node(value, depth)
+                entry[1] = self._node(value, depth, tables)
             return {"$": "ref", "id": oid}
         if callable(value):
             self.callbacks.append(value)
             return {"$": "callback", "id": len(self.callbacks) - 1}
         raise TypeError(f"the judge cannot send a {_type_name(value)} to the kernel")
 
-    def _node(self, value, depth: int):
-        tables = _tables()
-        t = type(value)
+    def _node(self, value, depth: int, tables: dict):
         if isinstance(value, torch.Tensor):
             if not _tensor_ok(value):
                 raise TypeError(f"the judge cannot send a tensor of dtype {value.dtype}")
@@ -438,29 +479,20 @@ class CallEncoder:
             if not _ndarray_ok(value):
                 raise TypeError(f"the judge cannot send an array of dtype {value.dtype}")
             return _ndarray_node(value)
-        if isinstance(value, list):
-            return [self.encode(v, depth + 1) for v in value]
-        if isinstance(value, deque):
-            return {"$": "deque", "items": [self.encode(v, depth + 1) for v in value], "maxlen": value.maxlen}
-        if isinstance(value, dict):
-            return {"$": "dict", "items": [[self.encode(k, depth + 1), self.encode(v, depth + 1)]
-                                           for k, v in value.items()]}
-        if t in tables["state_names"]:
-            name = tables["state_names"][t]
-            return {"$": "state", "type": name,
-                    "fields": [[f, self.encode(getattr(value, f), depth + 1)] for f in tables["states"][name][1]]}
         if isinstance(value, tables["decoder"]):
-            params = value.state_dict()
             return {"$": "decoder", "config": self.encode(value.config, depth + 1),
-                    "params": [[k, _tensor_node(v)] for k, v in params.items()]}
-        raise TypeError(f"the judge cannot send a {_type_name(value)} to the kernel")
+                    "params": [[k, _tensor_node(v)] for k, v in value.state_dict().items()]}
+        kind = type(value) if type(value) in tables["state_names"] else \
+            next(k for k in (list, deque, dict) if isinstance(value, k))
+        return _structure(value, kind, lambda v: self.encode(v, depth + 1), tables)
 
 
-class CallDecoder:
+class CallDecoder(_Decoder):
     """Decodes a call on the kernel side: builds the object table lazily (aliasing kept) and
     turns ``callback`` nodes into functions made by ``make_callback(cid)``."""
 
     def __init__(self, table, make_callback: Callable[[int], Callable] | None = None):
+        super().__init__()
         self.nodes: dict[int, Any] = {}
         for entry in table or []:
             if type(entry) is not list or len(entry) != 2 or type(entry[0]) is not int:
@@ -468,129 +500,48 @@ class CallDecoder:
             self.nodes[entry[0]] = entry[1]
         self.memo: dict[int, Any] = {}
         self.make_callback = make_callback
-        self.budget = _Budget()
 
     def object(self, oid: int):
         if oid in self.memo:
             return self.memo[oid]
         if oid not in self.nodes:
             raise RemoteDataError(f"reference to unknown object {oid}")
-        return self._build(oid, self.nodes[oid])
-
-    def _build(self, oid: int, node):
-        tables = _tables()
-        if type(node) is list:
-            obj: Any = []
-            self.memo[oid] = obj
-            obj.extend(self.decode(v, 1) for v in node)
-            return obj
+        node = self.nodes[oid]
         tag = node.get("$") if type(node) is dict else None
-        if tag == "dict":
-            obj = {}
-            self.memo[oid] = obj
-            for k, v in _pairs(node, "items"):
-                obj[self.decode(k, 1)] = self.decode(v, 1)
-            return obj
-        if tag == "deque":
-            maxlen = node.get("maxlen")
-            obj = deque(maxlen=maxlen)
-            self.memo[oid] = obj
-            obj.extend(self.decode(v, 1) for v in node.get("items", []))
-            return obj
+        tables = _tables()
         if tag == "state":
-            name = node.get("type")
-            if name not in tables["states"]:
-                raise RemoteDataError(f"unknown state type {name!r}")
-            cls, names = tables["states"][name]
-            obj = cls.__new__(cls)
-            self.memo[oid] = obj
+            if node.get("type") not in tables["states"]:
+                raise RemoteDataError(f"unknown state type {node.get('type')!r}")
+            cls, names = tables["states"][node["type"]]
+            obj = self.memo[oid] = cls.__new__(cls)
             for f, v in _field_pairs(node, names):
                 object.__setattr__(obj, f, self.decode(v, 1))
             return obj
         if tag == "decoder":
             config = self.decode(node.get("config"), 1)
             model = tables["decoder"](config)
-            state = {k: _decode_tensor(v, self.budget) for k, v in _pairs(node, "params")}
-            model.load_state_dict(state, assign=True)        # strict: every parameter, right shapes
+            model.load_state_dict({k: _decode_tensor(v, self) for k, v in _pairs(node, "params")},
+                                  assign=True)        # strict: every parameter, right shapes
             if getattr(config, "tie_embeddings", False):
                 model.lm_head.weight = model.embed_tokens.weight
-            model = model.eval().requires_grad_(False)
-            self.memo[oid] = model
+            self.memo[oid] = model = model.eval().requires_grad_(False)
             return model
-        obj = self.decode(node, 1)
-        self.memo[oid] = obj
+        if type(node) is list or tag in ("dict", "deque"):   # known before its items: they may refer to it
+            shell = [] if type(node) is list else {} if tag == "dict" else deque(maxlen=node.get("maxlen"))
+            self.memo[oid] = shell
+            _mirror(shell, self.decode(node, 1))
+            return shell
+        obj = self.memo[oid] = self.decode(node, 1)
         return obj
 
-    def decode(self, node, depth: int = 0):
-        if depth > LIMITS.max_depth:
-            raise RemoteDataError("nesting too deep")
-        t = type(node)
-        if node is None or t in (bool, int, float, str):
-            return node
-        if t is list:
-            return [self.decode(v, depth + 1) for v in node]
-        if t is not dict:
-            raise RemoteDataError(f"bad node of type {_type_name(node)}")
-        tag = node.get("$")
+    def _tagged(self, node: dict, tag, depth: int):
         if tag == "ref":
             return self.object(node.get("id"))
         if tag == "callback":
             if self.make_callback is None:
                 raise RemoteDataError("callback where none is allowed")
             return self.make_callback(node.get("id"))
-        return _decode_common(node, depth, self.decode, self.budget)
-
-
-def _decode_common(node: dict, depth: int, decode, budget: _Budget):
-    """Decode the node kinds both sides read the same way (no refs, callbacks or decoders)."""
-    tag = node.get("$")
-    tables = _tables()
-    if tag == "tuple":
-        _keys(node, {"$", "items"})
-        items = node.get("items")
-        if type(items) is not list:
-            raise RemoteDataError("tuple items must be a list")
-        budget.take_items(len(items))
-        return tuple(decode(v, depth + 1) for v in items)
-    if tag == "dict":
-        _keys(node, {"$", "items"})
-        pairs = _pairs(node, "items")
-        budget.take_items(len(pairs))
-        out = {}
-        for k, v in pairs:
-            key, value = decode(k, depth + 1), decode(v, depth + 1)
-            try:
-                out[key] = value
-            except TypeError:
-                raise RemoteDataError(f"unhashable dict key of type {_type_name(key)}") from None
-        return out
-    if tag == "deque":
-        _keys(node, {"$", "items", "maxlen"})
-        items, maxlen = node.get("items"), node.get("maxlen")
-        if type(items) is not list or not (maxlen is None or (type(maxlen) is int and maxlen >= 0)):
-            raise RemoteDataError("bad deque node")
-        budget.take_items(len(items))
-        return deque((decode(v, depth + 1) for v in items), maxlen=maxlen)
-    if tag == "tensor":
-        return _decode_tensor(node, budget)
-    if tag == "ndarray":
-        return _decode_ndarray(node, budget)
-    if tag == "npscalar":
-        return _decode_npscalar(node, budget)
-    if tag == "value":
-        _keys(node, {"$", "type", "fields"})
-        name = node.get("type")
-        if type(name) is not str or name not in tables["values"]:
-            raise RemoteDataError(f"unknown value type {str(name)[:40]!r}")
-        cls = tables["values"][name]
-        obj = cls.__new__(cls)   # mirror the fields exactly; no constructor runs
-        for f, v in _field_pairs(node, _field_names(cls)):
-            object.__setattr__(obj, f, decode(v, depth + 1))
-        return obj
-    if tag == "opaque":
-        _keys(node, {"$", "type", "why"})
-        return opaque_class(str(node.get("type")))()
-    raise RemoteDataError(f"unknown node tag {str(tag)[:40]!r}")
+        return super()._tagged(node, tag, depth)
 
 
 # -- kernel -> judge: results and argument state ---------------------------------------------------
@@ -610,8 +561,7 @@ class ResultEncoder:
             return value
         if t is str:
             return value if len(value) <= LIMITS.max_str else _opaque_node(value, "str too long")
-        if id(value) in self.known and (t in (list, dict, deque, torch.Tensor, np.ndarray)
-                                        or t in _tables()["state_names"] or t is _tables()["decoder"]):
+        if id(value) in self.known:              # one of the call's (live) argument objects
             return {"$": "ref", "id": self.known[id(value)]}
         return self.inline(value, depth)
 
@@ -630,76 +580,29 @@ class ResultEncoder:
         if t in (list, tuple, dict, deque) or t in tables["state_names"] or t in tables["value_names"]:
             if id(value) in self._active:
                 return _opaque_node(value, "cycle")
+            if t in (list, tuple, dict, deque):
+                self.items += len(value)
+                if self.items > LIMITS.max_items:
+                    return _opaque_node(value, "too many items")
             self._active.add(id(value))
             try:
-                return self._container(value, t, depth, tables)
+                return _structure(value, t, lambda v: self.encode(v, depth + 1), tables)
+            except AttributeError as exc:     # a record without one of its fields
+                return _opaque_node(value, f"missing attribute: {_safe_str(exc)[:100]}")
             finally:
                 self._active.discard(id(value))
-        if t is float or t is int or t is bool or t is str or value is None:
-            return self.encode(value, depth)
         return _opaque_node(value)
 
-    def _container(self, value, t, depth, tables):
-        if t in (list, tuple, deque, dict):
-            self.items += len(value)
-            if self.items > LIMITS.max_items:
-                return _opaque_node(value, "too many items")
-        if t is list:
-            return [self.encode(v, depth + 1) for v in list(value)]
-        if t is tuple:
-            return {"$": "tuple", "items": [self.encode(v, depth + 1) for v in tuple.__iter__(value)]}
-        if t is deque:
-            return {"$": "deque", "items": [self.encode(v, depth + 1) for v in list(value)], "maxlen": value.maxlen}
-        if t is dict:
-            return {"$": "dict", "items": [[self.encode(k, depth + 1), self.encode(v, depth + 1)]
-                                           for k, v in list(dict.items(value))]}
-        if t in tables["value_names"]:
-            name = tables["value_names"][t]
-            return {"$": "value", "type": name,
-                    "fields": [[f, self.encode(object.__getattribute__(value, f), depth + 1)]
-                               for f in _field_names(t)]}
-        name = tables["state_names"][t]
-        fields = []
-        for f in tables["states"][name][1]:
-            try:
-                fields.append([f, self.encode(object.__getattribute__(value, f), depth + 1)])
-            except AttributeError:
-                return _opaque_node(value, f"missing attribute {f}")
-        return {"$": "state", "type": name, "fields": fields}
 
-
-def _ndarray_ok(a) -> bool:
-    try:
-        dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
-        return np.dtype(dt).str in NUMPY_DTYPES
-    except Exception:
-        return False
-
-
-class ResultDecoder:
+class ResultDecoder(_Decoder):
     """Decodes kernel data on the judge side, strictly: only the node kinds above, exact
     sizes, and refs only to the call's own argument objects (``objects[oid]``)."""
 
     def __init__(self, objects: list | None = None):
+        super().__init__()
         self.objects = objects or []
-        self.budget = _Budget()
 
-    def decode(self, node, depth: int = 0):
-        if depth > LIMITS.max_depth:
-            raise RemoteDataError("nesting too deep")
-        t = type(node)
-        if node is None or t in (bool, int, float):
-            return node
-        if t is str:
-            if len(node) > LIMITS.max_str:
-                raise RemoteDataError("str value over the length limit")
-            return node
-        if t is list:
-            self.budget.take_items(len(node))
-            return [self.decode(v, depth + 1) for v in node]
-        if t is not dict:
-            raise RemoteDataError(f"bad node of type {_type_name(node)}")
-        tag = node.get("$")
+    def _tagged(self, node: dict, tag, depth: int):
         if tag == "ref":
             _keys(node, {"$", "id"})
             oid = node.get("id")
@@ -708,24 +611,18 @@ class ResultDecoder:
             return self.objects[oid]
         if tag == "state":
             raise RemoteDataError("a new course_lib object cannot come back from the kernel (only its arguments)")
-        return _decode_common(node, depth, self.decode, self.budget)
+        return super()._tagged(node, tag, depth)
 
     # -- in-place writes ---------------------------------------------------------------------
     def apply_state(self, entries, allowed: set[int] | None = None) -> dict[int, Any]:
-        """Apply the kernel's post-call state of argument objects to the judge's objects.
+        """Apply the kernel's post-call state of argument objects (``[[oid, node], ...]``, the node's
+        elements may be refs) to the judge's objects whose oids are in ``allowed`` (None: all).
+        Any other changed argument stays as it was (a checker's inputs cannot be rewritten from the
+        kernel); a fresh copy holding the kernel's state stands for it where the result refers to
+        it (``decode`` resolves refs to that view afterwards). Returns {oid: copy} of those copies.
 
-        ``entries``: ``[[oid, node], ...]`` where node is the object's own node (its elements
-        may be refs). ``allowed``: the oids the caller lets the learner's function change
-        (None: all). A changed argument outside ``allowed`` is left as it was in the judge (a
-        checker's inputs and reference data cannot be rewritten from the kernel); a fresh copy
-        holding the kernel's state stands for it when the result refers to it. Afterwards
-        ``decode`` resolves refs to that view. Returns {oid: copy} of those copies.
-
-        Raises:
-            RemoteDataError: malformed entries.
-            TypeError: an argument's new state cannot be mirrored (e.g. a tensor argument
-                replaced by something that is not a tensor); the call counts as failed.
-        """
+        Raises: RemoteDataError (malformed entries); TypeError (an argument's new state cannot be
+        mirrored, e.g. a tensor argument replaced by a list: the call counts as failed)."""
         if type(entries) is not list:
             raise RemoteDataError("state must be a list")
         pairs = []
@@ -758,14 +655,13 @@ class ResultDecoder:
         if isinstance(orig, tables["decoder"]):
             raise RemoteDataError("a Decoder's state is never sent back")
         if t in tables["state_names"]:
-            if type(node) is not dict or node.get("$") != "state" or node.get("type") != tables["state_names"][t]:
-                raise TypeError(f"the {tables['state_names'][t]} argument came back as something else")
+            name = tables["state_names"][t]
+            if type(node) is not dict or node.get("$") != "state" or node.get("type") != name:
+                raise TypeError(f"the {name} argument came back as something else")
             _keys(node, {"$", "type", "fields"})
-            names = tables["states"][tables["state_names"][t]][1]
-            return {f: self.decode(v, 1) for f, v in _field_pairs(node, names)}
+            return {f: self.decode(v, 1) for f, v in _field_pairs(node, tables["states"][name][1])}
         value = self.decode(node, 0)
-        expected = torch.Tensor if isinstance(orig, torch.Tensor) else np.ndarray if isinstance(orig, np.ndarray) \
-            else deque if isinstance(orig, deque) else dict if isinstance(orig, dict) else list
+        expected = next((k for k in (torch.Tensor, np.ndarray, deque, dict) if isinstance(orig, k)), list)
         if type(value) is not expected:
             raise TypeError(f"an argument of type {_type_name(orig)} came back as {_type_name(value)}")
         return value
@@ -777,55 +673,92 @@ def _empty_like(orig):
         return None
     if isinstance(orig, deque):
         return deque(maxlen=orig.maxlen)
-    if isinstance(orig, dict):
-        return {}
-    if isinstance(orig, list):
-        return []
-    return type(orig).__new__(type(orig))
+    return {} if isinstance(orig, dict) else [] if isinstance(orig, list) else type(orig).__new__(type(orig))
 
 
 def _mirror(orig, new) -> None:
-    """Make the judge's object ``orig`` hold ``new`` (decoded kernel state), in place."""
+    """Make the object ``orig`` hold ``new`` (decoded state of the same kind), in place."""
     if isinstance(orig, torch.Tensor):
         with torch.no_grad():
-            if new.dtype == orig.dtype and new.shape == orig.shape:
-                orig.copy_(new)
-            elif new.dtype == orig.dtype:
-                orig.resize_(new.shape)
-                orig.copy_(new)
-            else:
+            if new.dtype != orig.dtype:
                 orig.data = new
-        return
-    if isinstance(orig, np.ndarray):
+            else:
+                if new.shape != orig.shape:
+                    orig.resize_(new.shape)
+                orig.copy_(new)
+    elif isinstance(orig, np.ndarray):
         if new.dtype != orig.dtype or new.shape != orig.shape:
             raise TypeError("an array argument changed its dtype or shape, which cannot happen in place")
         was = orig.flags.writeable
-        if not was:
-            orig.flags.writeable = True
+        orig.flags.writeable = True
         np.copyto(orig, new)
         orig.flags.writeable = was
-        return
-    if isinstance(orig, deque):
-        orig.clear()
-        orig.extend(new)
-        return
-    if isinstance(orig, dict):
+    elif isinstance(orig, dict):
         orig.clear()
         orig.update(new)
-        return
-    if isinstance(orig, list):
+    elif isinstance(orig, deque):
+        orig.clear()
+        orig.extend(new)
+    elif isinstance(orig, list):
         orig[:] = new
-        return
-    for f, v in new.items():   # a state object: its fields
-        object.__setattr__(orig, f, v)
+    else:
+        for f, v in new.items():   # a state object: its fields
+            object.__setattr__(orig, f, v)
+
+
+# -- probes: forward calls mirrored from the kernel's objects onto the judge's -----------------------
+def probe_request(objects: list, probes) -> list[list]:
+    """The ``probes`` of a call request: ``[[oid, path], ...]``, one per argument object (``objects``,
+    the CallEncoder's) that is an instance of a probe's ``owner`` (``course_lib.grading.tables.Probe``
+    entries of the checker's contract), with that probe's submodule path."""
+    return [[oid, probe.submodule] for probe in probes
+            for oid, obj in enumerate(objects) if isinstance(obj, probe.owner)]
+
+
+def _probe_hooks(decoder: CallDecoder, requested) -> tuple[list, list]:
+    """Kernel side: a forward hook on each requested submodule that records the shape and dtype of
+    its first input, per call. Returns (one list of ``[shape, dtype]`` per probe, the hooks' handles)."""
+    records, handles = [], []
+    for oid, path in requested:
+        calls: list = []
+
+        def hook(module, inputs, output, _calls=calls):
+            x = inputs[0] if type(inputs) is tuple and inputs else None
+            if type(x) is torch.Tensor and x.dtype in _TORCH_NAMES:
+                _calls.append([list(x.shape), _TORCH_NAMES[x.dtype]])
+        handles.append(decoder.object(oid).get_submodule(path).register_forward_hook(hook))
+        records.append(calls)
+    return records, handles
+
+
+def replay_probes(records, objects: list, requested: list) -> None:
+    """Judge side: replay the forward calls the kernel recorded (``records``, one list per entry of
+    ``requested``, the call's ``probe_request``) on the judge's own objects: the judge's submodule
+    runs once per recorded call, without gradients, on zeros of the recorded shape and dtype, so
+    that forward hooks a checker put there (``lab02``'s token counters) see the learner's calls.
+
+    Raises: RemoteDataError for records that are malformed, over ``LIMITS.max_probed_calls`` calls
+    or ``max_probed_elements`` input elements, or a replayed call that fails."""
+    if type(records) is not list or len(records) != len(requested) or any(type(r) is not list for r in records):
+        raise RemoteDataError("bad probed calls")
+    n_calls = n_elements = 0
+    for (oid, path), calls in zip(requested, records):
+        module = objects[oid].get_submodule(path)
+        for call in calls:
+            if type(call) is not list or len(call) != 2 or type(call[1]) is not str or call[1] not in TORCH_DTYPES:
+                raise RemoteDataError("bad probed call")
+            shape = _shape(call[0])
+            n_calls, n_elements = n_calls + 1, n_elements + math.prod(shape)
+            if n_calls > LIMITS.max_probed_calls or n_elements > LIMITS.max_probed_elements:
+                raise RemoteDataError("probed calls over the limit")
+            try:
+                with torch.no_grad():
+                    module(torch.zeros(shape, dtype=TORCH_DTYPES[call[1]]))
+            except Exception as exc:
+                raise RemoteDataError(f"replaying a probed call failed: {type(exc).__name__}") from None
 
 
 # -- convenience ------------------------------------------------------------------------------------
-def encode_value(value) -> str:
-    """JSON text of a judge-side value, everything inlined (tests and callbacks)."""
-    return dumps(CallEncoder(register=False).encode(value))
-
-
 def decode_value(text: str, objects: list | None = None):
     """Strictly decode JSON text from a kernel (``ResultDecoder``)."""
     return ResultDecoder(objects).decode(loads(text))
@@ -839,50 +772,47 @@ BUILTIN_ERRORS = ("ValueError", "TypeError", "KeyError", "IndexError", "Attribut
 
 
 def serve(namespace: dict | None = None) -> None:
-    """Answer the judge until it says "end" (runs in the learner's kernel, inside one
-    execute_request that the judge sent with allow_stdin=True).
-
-    Every message to the judge is an input_request whose prompt is ``PROMPT`` + JSON; the
-    judge's input_reply is the next request. Requests: ``describe`` (what the names are),
-    ``call`` (call a function on decoded arguments), ``end``. During a call the learner's
-    ``input()`` raises as it does under nbgrader (stdin is off for learner code).
-    """
+    """Answer the judge until it says "end" (in the learner's kernel, inside the harness's
+    execute_request, sent with allow_stdin=True). Each message to the judge is an input_request
+    whose prompt is ``PROMPT`` + JSON, sent through the ``input`` ipykernel installed for that
+    request (``Kernel.raw_input``), taken before any learner code runs; the input_reply is the
+    next request: ``describe``, ``call`` (``answer_call``) or ``end``. While a request is answered
+    the learner's ``input()`` and ``getpass`` raise StdinNotImplementedError, as in a graded cell."""
     from IPython import get_ipython
 
-    shell = get_ipython()
-    kernel = getattr(shell, "kernel", None)
-    ns = shell.user_ns if namespace is None else namespace
-    private = kernel is not None and hasattr(kernel, "_input_request") and hasattr(kernel, "_allow_stdin")
-    if private:
-        ident = kernel._get_shell_context_var(kernel._shell_parent_ident) \
-            if hasattr(kernel, "_get_shell_context_var") else kernel._parent_ident["shell"]
-        parent = kernel.get_parent("shell")
+    ns = get_ipython().user_ns if namespace is None else namespace
+    channel = builtins.input
 
-        def ask(message: dict) -> dict:
-            return json.loads(kernel._input_request(PROMPT + dumps(message), ident, parent, password=False))
-        allow = kernel._allow_stdin
-        kernel._allow_stdin = False
-    else:  # pragma: no cover - a kernel without ipykernel's private API
-        import builtins
+    def ask(message: dict) -> dict:
+        return json.loads(channel(PROMPT + dumps(message)))
 
-        def ask(message: dict) -> dict:
-            return json.loads(builtins.input(PROMPT + dumps(message)))
-    try:
-        out: dict = {"op": "ready", "protocol": PROTOCOL}
-        while True:
-            request = ask(out)
-            op = request.get("op") if type(request) is dict else None
-            if op == "end":
-                return
+    out: dict = {"op": "ready", "protocol": PROTOCOL}
+    while True:
+        request = ask(out)
+        op = request.get("op") if type(request) is dict else None
+        if op == "end":
+            return
+        with _stdin_refused():
             if op == "describe":
                 out = {"op": "described", "names": {n: _describe(ns, n) for n in request.get("names", [])}}
-            elif op == "call":
-                out = answer_call(ns, request, ask)
             else:
-                out = {"op": "bad-request"}
+                out = answer_call(ns, request, ask) if op == "call" else {"op": "bad-request"}
+
+
+@contextlib.contextmanager
+def _stdin_refused():
+    """``input()`` and ``getpass.getpass`` raise inside the block (the stdin channel is the judge's)."""
+    def refuse(*args, **kwargs):
+        from IPython.core.error import StdinNotImplementedError   # what ipykernel raises with stdin off
+
+        raise StdinNotImplementedError("input() is not available while the grader calls your function: "
+                                       "a graded function gets its inputs as arguments")
+    saved = builtins.input, getpass.getpass
+    builtins.input = getpass.getpass = refuse
+    try:
+        yield
     finally:
-        if private:
-            kernel._allow_stdin = allow
+        builtins.input, getpass.getpass = saved
 
 
 def _describe(ns: dict, name) -> dict:
@@ -890,89 +820,78 @@ def _describe(ns: dict, name) -> dict:
         return {"defined": False}
     obj = ns[name]
     info = {"defined": True, "callable": False, "module": "", "qualname": "", "type": _type_name(obj)}
-    try:
+    with contextlib.suppress(Exception):   # learner attributes may raise
         info["callable"] = bool(callable(obj))
-        module = getattr(obj, "__module__", "")
-        info["module"] = module if type(module) is str else ""
-        qual = getattr(obj, "__qualname__", "")
-        info["qualname"] = qual if type(qual) is str else ""
-    except Exception:
-        pass
+        for key in ("module", "qualname"):
+            value = getattr(obj, f"__{key}__", "")
+            info[key] = value if type(value) is str else ""
     return info
 
 
 def answer_call(ns: dict, request: dict, ask) -> dict:
     """The kernel's answer to one "call" request of the judge: look ``request["fn"]`` up in the
     namespace ``ns``, call it on the decoded arguments (``ask`` carries its callbacks back to the
-    judge) and return the reply message ("return" with the encoded value and the changed argument
-    state, "raised", "missing" or "error"). ``serve`` runs it for every call."""
+    judge) and return the reply message: "returned" (with the encoded value), "raised",
+    "missing", "undecodable" or "unencodable", with the changed argument state (``state``), the
+    probed forward calls (``probed``) and, when the request has ``watch``, which references ran."""
     name = request.get("fn")
     if type(name) is not str or name not in ns:
         return {"op": "missing", "name": str(name)[:100]}
     fn = ns[name]
-    stale = {"flag": False}
-
-    def make_callback(cid):
-        def callback(*args, **kwargs):
-            if stale["flag"]:
-                raise RuntimeError("this grader callback is no longer available (its call has ended)")
-            enc = ResultEncoder(known)
-            reply = ask({"op": "callback", "id": cid, "args": [enc.encode(a) for a in args],
-                         "kwargs": [[k, enc.encode(v)] for k, v in kwargs.items()]})
-            if type(reply) is dict and reply.get("op") == "return":
-                return CallDecoder([], None).decode(reply.get("value"))
-            raise RuntimeError(f"the grader's callback failed: {str(reply.get('message', '?'))[:500]}")
-        callback.__name__ = callback.__qualname__ = "grader_callback"
-        return callback
-
+    call: dict = {"known": {}, "ended": False}     # what the call's callbacks need
     try:
-        decoder = CallDecoder(request.get("objects"), make_callback)
+        decoder = CallDecoder(request.get("objects"), lambda cid: _callback(cid, ask, call))
         args = [decoder.decode(a) for a in request.get("args", [])]
         kwargs = {k: decoder.decode(v) for k, v in request.get("kwargs", [])}
         for oid in decoder.nodes:          # build every table object (some may be unreferenced)
             decoder.object(oid)
+        probed, handles = _probe_hooks(decoder, request.get("probes", []))
     except Exception as exc:  # e.g. a course_lib in the kernel that differs from the judge's
         return {"op": "undecodable", "message": f"{_type_name(exc)}: {_safe_str(exc)}"}
-    known = {id(obj): oid for oid, obj in decoder.memo.items()}
-    counts: dict[int, list[int]] = {}
-    handles = []
-    tables = _tables()
-    for oid, obj in decoder.memo.items():
-        if isinstance(obj, tables["decoder"]):
-            counts[oid] = []
-
-            def hook(module, inputs, output, _sink=counts[oid]):
-                try:
-                    _sink.append(int(inputs[0].numel()))
-                except Exception:
-                    pass
-            handles.append(obj.embed_tokens.register_forward_hook(hook))
-    grad = request.get("grad") is True
+    call["known"] = {id(obj): oid for oid, obj in decoder.memo.items()}
     from course_grader.provenance import Observer    # which declared references' code runs (if asked)
     observer = Observer(request.get("watch"))
     try:
-        with torch.set_grad_enabled(grad), observer:
+        with torch.set_grad_enabled(request.get("grad") is True), observer:
             result = fn(*args, **kwargs)
         out: dict = {"op": "returned"}
     except BaseException as exc:  # the learner's exception (KeyboardInterrupt included) is the answer
-        result = None
-        out = {"op": "raised", "type": _type_name(exc), "message": _safe_str(exc)}
+        result, out = None, {"op": "raised", "type": _type_name(exc), "message": _safe_str(exc)}
     finally:
-        stale["flag"] = True
-        for h in handles:
-            try:
-                h.remove()
-            except Exception:
-                pass
-    enc = ResultEncoder(known)
+        call["ended"] = True
+        for handle in handles:
+            with contextlib.suppress(Exception):
+                handle.remove()
+    enc = ResultEncoder(call["known"])
     if out["op"] == "returned":
         try:
             out["value"] = enc.encode(result)
         except Exception as exc:
             out = {"op": "unencodable", "message": _safe_str(exc)}
+    out.update(state=_changed_state(decoder, enc), probed=probed, **observer.report())
+    return out
+
+
+def _callback(cid, ask, call: dict) -> Callable:
+    """The kernel-side function for the judge's callable number CID (valid while its call runs)."""
+    def grader_callback(*args, **kwargs):
+        if call["ended"]:
+            raise RuntimeError("this grader callback is no longer available (its call has ended)")
+        enc = ResultEncoder(call["known"])
+        reply = ask({"op": "callback", "id": cid, "args": [enc.encode(a) for a in args],
+                     "kwargs": [[k, enc.encode(v)] for k, v in kwargs.items()]})
+        if type(reply) is dict and reply.get("op") == "return":
+            return CallDecoder([], None).decode(reply.get("value"))
+        raise RuntimeError(f"the grader's callback failed: {str(reply.get('message', '?'))[:500]}")
+    grader_callback.__qualname__ = "grader_callback"
+    return grader_callback
+
+
+def _changed_state(decoder: CallDecoder, enc: ResultEncoder) -> list[list]:
+    """``[[oid, node], ...]`` of the argument objects whose node differs from the one sent."""
     state = []
     for oid, obj in decoder.memo.items():
-        if isinstance(obj, tables["decoder"]):
+        if isinstance(obj, _tables()["decoder"]):
             continue
         try:
             node = enc.inline(obj)
@@ -980,10 +899,7 @@ def answer_call(ns: dict, request: dict, ask) -> dict:
             node = _opaque_node(obj, "state")
         if node != decoder.nodes.get(oid):
             state.append([oid, node])
-    out["state"] = state
-    out["embed"] = [[oid, c] for oid, c in counts.items()]
-    out.update(observer.report())
-    return out
+    return state
 
 
 def _safe_str(exc) -> str:

@@ -26,7 +26,7 @@ from ..models.decoder import Decoder, generate_full_recompute
 from ..models.rope import apply_rope
 from .contracts import (ContractError, check_bytes, check_close, check_int_list, check_logits_close,
                         check_own_function, check_tensor, diagnose, with_diagnosis)
-from .tables import Contract, Edit, Fault, Writes, check_tables
+from .tables import Contract, Edit, Fault, Probe, Writes, check_tables
 
 # -- helpers ----------------------------------------------------------------------------------
 
@@ -487,6 +487,7 @@ def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: in
 
 # -- the lab's declared tables (see tables.py) -------------------------------------------------
 _TOY = {"toy": ("course_lib.models.decoder", "toy_decoder", {"seed": 0})}  # what the set-up cell builds
+_EMBEDDING = (Probe(Decoder, "embed_tokens"),)   # where _TokenCounter counts the token ids fed to the model
 
 CONTRACTS = (
     Contract("test_apply_rope", check_apply_rope, ("apply_rope",),
@@ -497,13 +498,13 @@ CONTRACTS = (
              references=("course_lib.models.attention.attend_with_cache",
                          "course_lib.models.attention.causal_attention")),
     Contract("test_generate_with_cache", check_generation, ("generate_with_cache",), objects=_TOY,
-             references=("course_lib.models.decoder.generate_cached",)),
+             references=("course_lib.models.decoder.generate_cached",), probes=_EMBEDDING),
     Contract("test_kv_cache_bytes", check_kv_cache_bytes, ("kv_cache_bytes", "measured_kv_bytes"),
              references=("course_lib.models.config.ModelConfig.kv_bytes_per_token",
                          "course_lib.roofline.kv_bytes_per_token", "course_lib.roofline.kv_bytes_per_sequence",
                          "course_lib.cache.contiguous.KVCache.filled_bytes")),
     Contract("test_first_divergence", check_first_divergence, ("first_divergence",)),
-    Contract("test_score_suffixes", check_suffix_scores, ("score_suffixes",), objects=_TOY),
+    Contract("test_score_suffixes", check_suffix_scores, ("score_suffixes",), objects=_TOY, probes=_EMBEDDING),
     Contract("test_paged", check_paged, ("paged_append", "paged_read"),
              writes=Writes(types=(BlockPool, PagedSequence)),                       # pool, seq
              references=("course_lib.cache.paged.PagedKVCache.append", "course_lib.cache.paged.PagedKVCache.read")),

@@ -11,8 +11,8 @@ Every ``course_lib.grading.labNN`` module ends with
 and everything else is derived from them:
 
 * the judge (``course_grader.judge``) looks a graded cell's checker up in ``CONTRACTS`` to learn
-  which arguments the learner's functions may change in place and which notebook objects it
-  must rebuild on its side;
+  which arguments the learner's functions may change in place, which notebook objects it
+  must rebuild on its side and which of their submodules' calls it must mirror (``Probe``);
 * the sample builder (``course_grader.samples``) writes one ``fault_<name>`` submission per
   fault by applying its edits to the solution cells, and the expected-scores file from the
   notebook's points and each fault's ``fails``;
@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-__all__ = ["Contract", "Edit", "Fault", "Writes", "check_tables", "resolve_reference"]
+__all__ = ["Contract", "Edit", "Fault", "Probe", "Writes", "check_tables", "resolve_reference"]
 
 _DOTTED = re.compile(r"course_lib(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
@@ -97,6 +97,28 @@ class Writes:
 
 
 @dataclass(frozen=True)
+class Probe:
+    """A submodule whose forward calls a checker observes (a forward hook that counts token ids)
+    on a model it passes to the learner's function. The grading judge passes that function a copy
+    of the model rebuilt in the learner's kernel, so it mirrors the calls: for every argument that
+    is an ``owner``, it records the shape and dtype of the first input of each forward call of the
+    submodule at the dotted attribute path ``submodule`` on the kernel's copy, and replays each call on
+    its own model's submodule with zeros of that shape and dtype. A checker's hook on the submodule
+    may therefore read the input's shape and dtype, never its values; the submodule's forward must
+    not change state (an embedding lookup, not a cache write)."""
+
+    owner: type
+    submodule: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.owner, type):
+            raise TypeError(f"Probe.owner must be a class, got {self.owner!r}")
+        if type(self.submodule) is not str or not all(p.isidentifier() and not p.startswith("_")
+                                                    for p in self.submodule.split(".")):
+            raise ValueError(f"Probe.submodule must be a dotted path of public attributes, got {self.submodule!r}")
+
+
+@dataclass(frozen=True)
 class Contract:
     """One graded test cell of a lab notebook.
 
@@ -114,6 +136,8 @@ class Contract:
             (``"course_lib.roofline.kv_bytes_per_token"``). The grader flags the test when the
             learner's functions reach one of them (``course_grader.provenance``); library
             helpers the exercise may use (model configs, loaders, validation) are not listed.
+        probes: submodules of the objects the checker passes whose forward calls it observes
+            (``Probe``), which the judge mirrors from the learner's kernel.
     """
 
     test: str
@@ -122,6 +146,7 @@ class Contract:
     writes: Writes = field(default_factory=Writes)
     objects: Mapping[str, tuple[str, str, dict]] = field(default_factory=dict)
     references: tuple[str, ...] = ()
+    probes: tuple[Probe, ...] = ()
 
     def __post_init__(self) -> None:
         if not (isinstance(self.test, str) and self.test.startswith("test_")):
@@ -135,6 +160,8 @@ class Contract:
         if type(self.references) is not tuple or any(
                 type(r) is not str or not _DOTTED.fullmatch(r) or "." not in r for r in self.references):
             raise TypeError(f"Contract.references must be a tuple of dotted course_lib names, got {self.references!r}")
+        if type(self.probes) is not tuple or any(not isinstance(p, Probe) for p in self.probes):
+            raise TypeError(f"Contract.probes must be a tuple of Probe, got {self.probes!r}")
 
 
 @dataclass(frozen=True)
