@@ -75,9 +75,15 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # Grading runs learner code inside bubblewrap (course_grader.sandbox); on Debian/Ubuntu as root
-# this installs it with apt when missing, elsewhere it says what to do.
+# this installs it with apt when missing, then says whether the sandbox works and, if not, why.
 sandbox: setup
-	@$(BIN)/python -m course_grader.sandbox install || echo "sandbox unavailable here: grading refuses to run \
+	@if ! command -v bwrap >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "make sandbox: installing bubblewrap (apt-get install -y bubblewrap)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q bubblewrap >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; } \
+	    || echo "make sandbox: apt-get could not install bubblewrap"; \
+	fi
+	@$(BIN)/python -m course_grader.sandbox status || echo "sandbox unavailable here: grading refuses to run \
 	learner code unless you accept the risk with GRADE_ARGS=--unsafe-no-sandbox"
 
 # Resolve (and on first use convert, ~20 s) the default model so later steps load it in ~1 s.

@@ -2,6 +2,7 @@
 errors only (the judge adds one when it disagrees), whatever the learner's code displays."""
 from nbformat.v4 import new_code_cell, new_output
 from nbgrader.utils import determine_grade
+from nbgrader.preprocessors import Execute
 from traitlets.config import Config
 
 from course_grader import preprocessors
@@ -43,5 +44,6 @@ def test_the_course_config_applies_the_rule_between_execute_and_saving(tmp_path)
     configure(c, root=str(tmp_path))
     names = [getattr(step, "__name__", str(step)) for step in c.Autograde.autograde_preprocessors]
     rule, save = names.index("DisplayedValuesAreNotScores"), names.index("SaveAutoGrades")
-    execute = next(i for i, n in enumerate(names) if "Execute" in n)
+    execute = next(i for i, step in enumerate(c.Autograde.autograde_preprocessors)
+                   if isinstance(step, type) and issubclass(step, Execute))
     assert execute < rule < save

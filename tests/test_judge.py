@@ -29,7 +29,7 @@ import torch
 
 from course_lib.cache.contiguous import KVCache
 from course_lib.cache.paged import BlockPool, PagedKVCache, PagedSequence
-from course_grader import hostile, judge, remote, sandbox
+from course_grader import hostile, judge, preprocessors, remote, sandbox
 from course_lib.grading import ContractError, check_int, check_int_list, check_real, check_tensor
 from course_lib.grading.lab02 import check_generation
 from course_lib.grading.lab03 import normalise_plan as _normalise_plan
@@ -533,7 +533,7 @@ HIDDEN_MESSAGES = [
 
 @pytest.mark.parametrize("message,gone,kept", HIDDEN_MESSAGES)
 def test_redaction_drops_inputs_and_references_but_keeps_the_diagnosis(message, gone, kept):
-    text = judge.redact(message)
+    text = preprocessors.redact(message)
     for fragment in gone:
         assert fragment not in text, (fragment, text)
     for fragment in kept:
@@ -926,6 +926,40 @@ def test_input_during_a_call_fails_the_check_and_the_kernel_stays_usable(learner
     assert learner.judge(PREFILL_CELL.format(fn="prefill_time"))["status"] == "passed"
 
 
+FORGER = """
+import json as _json
+from course_grader import remote as _remote
+_forging = [False]
+
+def _answer_in_the_harness_place(first):
+    ns, kernel = get_ipython().user_ns, get_ipython().kernel
+    ask = lambda message: _json.loads(kernel.raw_input(_remote.PROMPT + _remote.dumps(message)))
+    _forging[0] = True
+    request = ask(first)
+    while request.get("op") != "end":
+        request = ask(_remote.answer_call(ns, request, ask) if request.get("op") == "call" else
+                      {"op": "described", "names": {n: _remote._describe(ns, n) for n in request["names"]}})
+    _forging[0] = False
+
+def count_forged(config):
+    value = count_parameters(config)
+    if not _forging[0]:
+        _answer_in_the_harness_place({"op": "returned", "value": value, "state": [], "probed": []})
+    return value
+"""
+
+
+@pytest.mark.slow
+def test_a_kernel_that_answers_in_the_harness_place_fails_the_cell(learner):
+    """Learner code that answers the judge itself through the stdin channel (here with right values)
+    leaves the real harness's answer for after the judge's "end": the cell fails, the kernel goes on."""
+    learner.run(FORGER)
+    verdict = learner.judge("lab01.check_parameter_count(count_forged, seed=0)")
+    assert verdict["status"] == "failed", verdict
+    assert "answered the judge in the harness's place" in verdict["message"]
+    assert learner.judge("lab01.check_parameter_count(count_parameters, seed=0)")["status"] == "passed"
+
+
 TAMPER = '''
 import math, torch, builtins
 import course_lib.grading.contracts as contracts
@@ -1000,38 +1034,6 @@ DIES_WHEN_JUDGED = """def dies(config):
 """
 
 
-@pytest.mark.slow
-def test_judged_execute_marks_tampering_and_survives_a_dead_kernel(tmp_path):
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell(LEARNER),
-        nbformat.v4.new_code_cell(TAMPER),
-        _graded(PREFILL_CELL.format(fn="prefill_no_mfu"), "test_prefill", 2),
-        _graded("lab01.check_parameter_count(count_parameters, seed=0)", "test_count", 1),
-        _graded(DIES_WHEN_JUDGED + "lab01.check_parameter_count(dies, seed=0)\n"
-                "### BEGIN HIDDEN TESTS\nlab01.check_parameter_count(dies, seed=fresh_seed())\n"
-                "### END HIDDEN TESTS", "test_dies", 1),
-        _graded("print('after')\nlab01.check_parameter_count(count_parameters, seed=0)", "test_after", 1),
-    ])
-    cls = judge.make_judge_execute()
-    out = tmp_path / "verdicts.json"
-    pre = cls(timeout=120, call_timeout=30, seed=99, verdict_path=str(out), kernel_name="python3")
-    pre.preprocess(nb, {"metadata": {"path": str(tmp_path)}})
-    verdicts = {v["grade_id"]: v for v in json.loads(out.read_text())["cells"]}
-    assert verdicts["test_prefill"]["status"] == "failed" and verdicts["test_prefill"]["in_kernel_passed"]
-    assert verdicts["test_prefill"]["disagrees"]
-    errors = [o for o in nb.cells[2].outputs if o.output_type == "error"]
-    assert [o.ename for o in errors] == ["JudgeVerdict"] and "MFU left out" in errors[0].evalue
-    assert nb.cells[2].metadata["course_judge"]["status"] == "failed"
-    assert verdicts["test_count"]["status"] == "passed" and not verdicts["test_count"]["disagrees"]
-    # the kernel passed test_dies and died while being judged: an error, 0 points, and the notebook went
-    # on in a restarted kernel, where the learner's functions are gone
-    assert verdicts["test_dies"]["status"] == "error" and verdicts["test_dies"]["in_kernel_passed"]
-    assert "died" in verdicts["test_dies"]["message"]
-    assert [o.ename for o in nb.cells[4].outputs if o.output_type == "error"] == ["JudgeVerdict"]
-    assert verdicts["test_after"]["status"] == "failed" and "not defined" in verdicts["test_after"]["message"]
-    assert any("after" in o.get("text", "") for o in nb.cells[5].outputs)
-
-
 SLEEPS_WHEN_JUDGED = DIES_WHEN_JUDGED.replace("def dies", "def sleeps").replace("os._exit(1)", "time.sleep(60)")
 
 
@@ -1043,9 +1045,10 @@ def _load_sandbox():
 
 @pytest.mark.slow
 def test_judged_sandbox_execute(tmp_path):
-    """The judge around the sandbox's SandboxExecute: its client reaches the sandboxed kernel (IPC),
-    a timed-out call is interrupted through the sandbox, and a kernel killed while being judged
-    follows the sandbox's rule (later cells not run, KernelDied)."""
+    """CourseJudge, the sandbox's SandboxExecute that judges: its client reaches the sandboxed kernel
+    (IPC); a cell only the kernel passed gets a JudgeVerdict error; a timed-out call is interrupted
+    through the sandbox; a kernel killed while being judged follows the sandbox's rule (later cells
+    not run, KernelDied)."""
     sandbox = _load_sandbox()
     ok, why = sandbox.sandbox_status()
     if not ok:
@@ -1056,44 +1059,35 @@ def test_judged_sandbox_execute(tmp_path):
         _graded(PREFILL_CELL.format(fn="prefill_no_mfu"), "test_prefill", 2),
         _graded("lab01.check_parameter_count(sleeps, seed=0)", "test_sleeps", 1),
         _graded("lab03.check_find_capacity(find_capacity, seed=0)", "test_capacity", 1),
-        _graded("lab01.check_parameter_count(dies, seed=0)", "test_dies", 1),
-        _graded("lab01.check_parameter_count(count_parameters, seed=0)", "test_after", 1),
+        _graded("lab01.check_parameter_count(dies, seed=0)\n### BEGIN HIDDEN TESTS\n"
+                "lab01.check_parameter_count(dies, seed=fresh_seed())\n### END HIDDEN TESTS", "test_dies", 1),
+        _graded("print('after')\nlab01.check_parameter_count(count_parameters, seed=0)", "test_after", 1),
     ])
-    cls = judge.make_judge_execute(sandbox.SandboxExecute)
     out = tmp_path / "verdicts.json"
-    cls(timeout=120, call_timeout=3, seed=7, verdict_path=str(out), kernel_name="python3").preprocess(
+    judge.CourseJudge(timeout=120, call_timeout=3, seed=7, verdict_path=str(out), kernel_name="python3").preprocess(
         nb, {"metadata": {"path": str(tmp_path)}})
     verdicts = {v["grade_id"]: v for v in json.loads(out.read_text())["cells"]}
     assert {k: v["status"] for k, v in verdicts.items()} == {
         "test_prefill": "failed", "test_sleeps": "failed", "test_capacity": "passed", "test_dies": "error",
         "test_after": "error"}
+    assert verdicts["test_prefill"]["in_kernel_passed"] and verdicts["test_prefill"]["disagrees"]
+    errors = [o for o in nb.cells[2].outputs if o.output_type == "error"]
+    assert [o.ename for o in errors] == ["JudgeVerdict"] and "MFU left out" in errors[0].evalue
+    assert not verdicts["test_capacity"]["disagrees"]
     assert "did not return within" in verdicts["test_sleeps"]["message"]
+    # the kernel passed test_dies and died while being judged: an error, 0 points, later cells not run
+    assert verdicts["test_dies"]["in_kernel_passed"] and "died" in verdicts["test_dies"]["message"]
+    assert [o.ename for o in nb.cells[5].outputs if o.output_type == "error"] == ["JudgeVerdict"]
     assert [o.ename for o in nb.cells[6].outputs if o.output_type == "error"] == [sandbox.KERNEL_DIED]
+    assert not any("after" in o.get("text", "") for o in nb.cells[6].outputs)
 
 
-@pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:Object of type")
-def test_apply_verdicts_writes_the_gradebook_and_flags_disagreements(tmp_path, monkeypatch):
-    from nbgrader.api import Gradebook
-
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")  # alembic
-
-    db = f"sqlite:///{tmp_path / 'gradebook.db'}"
-    with Gradebook(db) as gb:
-        gb.add_assignment("01_roofline")
-        gb.add_notebook("01_roofline", "01_roofline")
-        for name, points in (("a", 2), ("b", 3), ("c", 1), ("d", 1)):
-            gb.add_grade_cell(name, "01_roofline", "01_roofline", max_score=points, cell_type="code")
-        gb.add_student("ann")
-        gb.add_submission("01_roofline", "ann")
-        for name, score in (("a", 2), ("b", 0), ("c", 1), ("d", 1)):
-            gb.find_grade(name, "01_roofline", "01_roofline", "ann").auto_score = score
-        gb.db.commit()
+def test_read_verdicts_keeps_records_where_they_belong_and_lists_the_disagreements(tmp_path):
     record = {"student": "ann", "assignment": "01_roofline", "notebook": "01_roofline", "cells": [
-        {"grade_id": "a", "status": "failed", "in_kernel_passed": True, "message": "MFU left out"},
-        {"grade_id": "b", "status": "passed", "in_kernel_passed": False, "message": ""},
-        {"grade_id": "c", "status": "passed", "in_kernel_passed": True, "message": ""},
-        {"grade_id": "d", "status": "unjudged", "in_kernel_passed": True, "message": ""},
+        {"grade_id": "a", "status": "failed", "in_kernel_passed": True, "message": "MFU left out", "points": 2},
+        {"grade_id": "b", "status": "passed", "in_kernel_passed": False, "message": "", "points": 3},
+        {"grade_id": "c", "status": "passed", "in_kernel_passed": True, "message": "", "points": 1},
+        {"grade_id": "d", "status": "unjudged", "in_kernel_passed": True, "message": "", "points": 1},
     ]}
     path = tmp_path / "autograded" / "ann" / "01_roofline" / ("01_roofline" + judge.VERDICT_SUFFIX)
     path.parent.mkdir(parents=True)
@@ -1103,32 +1097,32 @@ def test_apply_verdicts_writes_the_gradebook_and_flags_disagreements(tmp_path, m
     (path.parent.parent / ("01_roofline" + judge.VERDICT_SUFFIX)).write_text(json.dumps(forged))  # wrong folder
     records = judge.read_verdicts(tmp_path / "autograded")
     assert [r["path"] for r in records] == [str(path)]
-    flagged = judge.apply_verdicts(db, records)
-    assert sorted(f["cell"] for f in flagged) == ["a", "b"]
-    with Gradebook(db) as gb:
-        scores = {g: gb.find_grade(g, "01_roofline", "01_roofline", "ann").auto_score for g in "abcd"}
-    assert scores == {"a": 0, "b": 0, "c": 1, "d": 1}
-    judge.apply_verdicts(db, records, policy="judge")
-    with Gradebook(db) as gb:
-        assert gb.find_grade("b", "01_roofline", "01_roofline", "ann").auto_score == 3
+    assert judge.read_verdicts(tmp_path / "autograded", student="bob") == []
+    flagged = judge.disagreements(records)
+    assert [(f["cell"], f["in_kernel"], f["judge"], f["points"], f["score"]) for f in flagged] == [
+        ("a", "passed", "failed", 2, 0.0), ("b", "failed", "passed", 3, 0.0)]
+    assert flagged[0]["learner"] == "ann" and flagged[0]["message"] == "MFU left out"
 
 
-def test_configure_nbgrader_wraps_execute_and_the_sandbox_step():
+def test_configure_nbgrader_puts_the_judge_in_the_execute_step_in_either_order():
     from nbgrader.preprocessors import Execute, SaveAutoGrades
     from traitlets.config import Config
 
-    c = Config()
-    judged = judge.configure_nbgrader(c)
-    assert issubclass(judged, Execute) and judged in c.Autograde.autograde_preprocessors
-    assert judge.configure_nbgrader(c) is judged                      # idempotent
+    from course_grader import sandbox
 
-    class SandboxExecute(Execute):
-        pass
-
+    for order in ((sandbox.configure_nbgrader, judge.configure_nbgrader),
+                  (judge.configure_nbgrader, sandbox.configure_nbgrader)):
+        c = Config()
+        c.Autograde.autograde_preprocessors = [Execute, SaveAutoGrades]
+        for configure in order:
+            configure(c)
+        assert c.Autograde.autograde_preprocessors == [judge.CourseJudge, SaveAutoGrades]
     c = Config()
-    c.Autograde.autograde_preprocessors = [SandboxExecute, SaveAutoGrades]
-    judged = judge.configure_nbgrader(c)
-    assert issubclass(judged, SandboxExecute) and c.Autograde.autograde_preprocessors[1] is SaveAutoGrades
+    assert judge.configure_nbgrader(c) is judge.CourseJudge                  # nbgrader's default list
+    assert judge.CourseJudge in c.Autograde.autograde_preprocessors
+    c.Autograde.autograde_preprocessors = [SaveAutoGrades]
+    with pytest.raises(sandbox.SandboxError, match="no Execute step"):
+        judge.configure_nbgrader(c)
     lines = "\n".join(judge.nbgrader_config_lines())
     assert "configure_nbgrader(c)" in lines and "from course_grader import judge" in lines
 
@@ -1213,7 +1207,7 @@ def test_nbgrader_autograde_with_the_judge(tmp_path):
     statuses = {r["student"]: r["cells"][0]["status"] for r in records}
     assert statuses == {"honest": "passed", "tamperer": "failed", "displayed": "failed", "surrogate": "failed",
                         "breach": "error"}
-    flagged = judge.apply_verdicts(db, records)
+    flagged = judge.disagreements(records)
     assert [(f["learner"], f["in_kernel"], f["judge"]) for f in flagged] == [("tamperer", "passed", "failed")]
 
 

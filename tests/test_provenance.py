@@ -467,7 +467,7 @@ def test_the_driver_notes_name_the_reference_and_the_test():
 def test_the_judged_execute_step_scores_a_flagged_test_0_only_when_told(policy, zeroed):
     nb = nbformat.v4.new_notebook(cells=_cells(WRAPPED)
                                   + [nbformat.v4.new_code_cell("lab01.check_kv_bytes_per_token(kv_bytes_per_token)")])
-    step = judge.make_judge_execute()(reference_reuse=policy)
+    step = judge.CourseJudge(reference_reuse=policy)
     step._judge_nb, step._judge_index = nb, 2
     verdict = _verdict(reached=[KV])
     step._judge_reuse(nb.cells[2], verdict)
@@ -511,3 +511,22 @@ def test_the_driver_scores_the_wrapped_tests_0_under_reference_reuse_zero(tmp_pa
     for test, reference in hostile.EXPECTED_REUSE[("reference_wrappers", hostile.L1)].items():
         assert re.search(rf"reuses reference [^\n]*{re.escape(reference)}[^\n]* in {test} \(ran during the judge's "
                          r"calls; named at `", run.stdout), test
+
+
+def test_the_hook_never_runs_a_planted_constant():
+    """The hook fingerprints the code of every call; a constant planted with code.replace is named,
+    never asked for its repr: its __repr__ would run learner code inside the hook, unobserved."""
+    ran = []
+
+    class Planted:
+        def __repr__(self):
+            ran.append(True)
+            return "planted"
+
+    def trampoline():
+        return None
+    planted = types.FunctionType(trampoline.__code__.replace(co_consts=(None, Planted(), ("x", frozenset({2})))), {})
+    observer = provenance.Observer(provenance.watch_spec([KV]))
+    with observer:
+        planted()
+    assert not ran and observer.report() == {"reached": [], "observed": True}

@@ -9,7 +9,7 @@
   three hashes, so a stray phrase in prose is never taken for one);
 * the autograde pipeline: deleted test cells restored, repeated cell ids dropped
   (``course_grader.preprocessors``), per-cell timeouts that record an error and go on,
-  stderr that does not zero a cell;
+  stderr that does not zero a cell, demonstrations at quick sizes (``COURSE_QUICK=1`` unless set);
 * feedback that shows the learner's code and the visible checks but not the hidden tests
   (``COURSE_FEEDBACK_SHOWS_HIDDEN_TESTS=1`` keeps them), with learner HTML sanitised;
 * learner code run in the bubblewrap sandbox (``course_grader.sandbox``) and every graded
@@ -77,13 +77,14 @@ def _layout(c, root: str) -> None:
 
 
 def _release(c) -> None:
+    from .preprocessors import HIDDEN_BEGIN, HIDDEN_END
+
     # ClearSolutions / ClearHiddenTests test `delimiter in line`; spelling the full marker
     # keeps a stray "BEGIN SOLUTION" in prose from being taken for one.
     c.ClearSolutions.begin_solution_delimeter = "### BEGIN SOLUTION"
     c.ClearSolutions.end_solution_delimeter = "### END SOLUTION"
     c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
-    c.ClearHiddenTests.begin_test_delimeter = "### BEGIN HIDDEN TESTS"
-    c.ClearHiddenTests.end_test_delimeter = "### END HIDDEN TESTS"
+    c.ClearHiddenTests.begin_test_delimeter, c.ClearHiddenTests.end_test_delimeter = HIDDEN_BEGIN, HIDDEN_END
 
 
 def _autograde(c) -> None:
@@ -97,6 +98,8 @@ def _autograde(c) -> None:
     # puts back a test cell the learner deleted, so it is graded. RestoreMissingTests is
     # OverwriteCells with a placement that survives a deleted solution cell too.
     c.OverwriteCells.add_missing_cells = True
+    # Demonstrations at quick sizes, as the driver runs them (the checks are the same either way).
+    os.environ.setdefault("COURSE_QUICK", "1")
     # Sized for a 2-core CPU: a lab runs in a few minutes, the heaviest cell well under 300 s.
     c.Execute.timeout = 300  # seconds per cell
     # On a cell timeout, interrupt the kernel, record a CellTimeoutError output in that cell

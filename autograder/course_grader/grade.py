@@ -22,8 +22,8 @@ locked" into a failed run), so scores do not depend on ``--jobs``; SIGTERM/SIGIN
 nbgrader process group. What it does not: a submission that grades slowly within its limits slows the
 batch; ``--unsafe-no-sandbox`` runs learner code as this user (every output says so).
 
-Exit status: 0 done (rows may carry errors); 1 the scores differ from --expected; 2 infrastructure
-failure (message on stderr).
+Exit status: 0 done (rows may carry errors); 1 the scores differ from --expected; 2 grading could not
+run (a set-up, folder or option problem: the message on stderr says which).
 """
 
 from __future__ import annotations
@@ -110,9 +110,8 @@ class Submission:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Autograde SUBMISSIONS/{learner}/{lab}/{lab}.ipynb with nbgrader.",
-    )
+    parser = argparse.ArgumentParser(prog="python -m course_grader.grade",
+                                     description="Autograde SUBMISSIONS/{learner}/{lab}/{lab}.ipynb with nbgrader.")
     parser.add_argument("submissions", type=Path, help="folder laid out as {learner}/{lab}/{lab}.ipynb")
     parser.add_argument("--jobs", "-j", type=int, default=1,
                         help="submissions graded at once (default 1; make grade passes JOBS, default 2)")
@@ -711,7 +710,8 @@ def grade_shard(course: Path, row: Submission, course_id: str, env: dict[str, st
 
 def autograde_shard(row: Submission, course_id: str, env: dict[str, str], timeout: float) -> None:
     """In a staged shard (row.shard): stock ``nbgrader autograde`` (sandboxed kernel, in-kernel
-    checks), the judge's verdicts applied to the shard's gradebook, then the scores read into ROW.
+    checks and the judge, whose error outputs fail the cells it did not pass), then the scores and
+    the judge's disagreements read into ROW.
     Also the body of a cluster task (``course_grader.cluster``), on the worker's copy of the shard."""
     shard = row.shard
     log = shard / "nbgrader.log"
@@ -726,9 +726,9 @@ def autograde_shard(row: Submission, course_id: str, env: dict[str, str], timeou
     row.reuse = provenance.flag_notes(records)
     for verdicts in (shard / "autograded" / row.learner / row.lab).glob("*" + judge.VERDICT_SUFFIX):
         verdicts.rename(shard / verdicts.name)  # generate_feedback copies the folder's other files
-    row.judge_flags = judge.apply_verdicts(f"sqlite:///{shard / 'gradebook.db'}", records, course_id=course_id)
+    row.judge_flags = judge.disagreements(records)
     changed = gradebook_changes(before, gradebook_rows(shard / "gradebook.db", row.learner))
-    if changed:  # only nbgrader and the judge write it, and only this learner's rows
+    if changed:  # only nbgrader writes it, and only this learner's rows
         row.error = f"not graded: gradebook rows outside this submission changed while grading it: {changed}"
         return
     read_scores(shard / "gradebook.db", course_id, row)
@@ -878,7 +878,7 @@ def flag_notes(row: Submission) -> list[str]:
 def cells_table(rows: list[Submission]) -> pd.DataFrame:
     """Per graded cell: `score` is nbgrader's auto_score (0 when it has none); `outcome` is
     "passed", or the cell's first error (``cell_outcomes``), or "failed" when it scored less
-    without one (the judge's verdict lowered it in the gradebook)."""
+    without one."""
     records = []
     for r in sorted(rows, key=lambda r: (r.learner, r.lab)):
         for c in r.cells:
@@ -1081,7 +1081,7 @@ def print_summary(args: argparse.Namespace, rows: list[Submission], totals: pd.D
     print(f"\nGrades CSV:    {args.work / 'grades.csv'}")
     print(f"Judge flags:   {args.work / 'judge_disagreements.csv'} ({sum(len(r.judge_flags) for r in rows)} "
           "cell(s) where the learner's kernel and the judge disagreed)")
-    print(f"Timings:       {args.work / 'timings.csv'} (seconds per submission, and the machine that graded it)")
+    print(f"Timings:       {args.work / 'timings.csv'} (seconds per submission; on a cluster, the worker)")
     if args.per_test:
         print(f"Per-test CSV:  {args.work / 'grades_per_test.csv'}")
     print(f"Feedback HTML: {feedback}  ({{learner}}/{{lab}}/{{lab}}.html)")
@@ -1094,7 +1094,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except InfrastructureError as exc:
-        print(f"grade.py: infrastructure failure: {exc}", file=sys.stderr)
+        print(f"python -m course_grader.grade: cannot grade: {exc}", file=sys.stderr)
         return EXIT_INFRA
 
 

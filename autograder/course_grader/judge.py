@@ -17,9 +17,9 @@ Pieces
                       statements (``ast``), optionally inside ``for _ in range(N):``.
     judge_cell        runs them under the checker's declared ``Contract`` (writes, objects, probes,
                       references); returns a verdict (hidden checks' messages redacted).
-    CourseJudge       nbgrader ``Execute`` mixin: judges each graded cell after it ran, records the
-                      verdict, fails in the notebook a cell only the kernel passed, flags reference
-                      reuse (``course_grader.provenance``); ``apply_verdicts`` writes the gradebook.
+    CourseJudge       the sandbox's nbgrader ``Execute`` step that judges each graded cell after it
+                      ran, records the verdict, fails in the notebook a cell only the kernel passed
+                      and flags reference reuse (``course_grader.provenance``).
 
 Defends against: learner code patching checkers, course_lib, comparisons or exception hooks in
 its kernel (the comparison happens here); rigged return values (decoded by exact type); a function
@@ -28,8 +28,8 @@ hidden inputs (the judge's seed never enters it); hanging calls (timeout, interr
 kernel counts as wedged); a kernel that dies or breaks the Jupyter protocol (HMAC, framing);
 oversized answers (``remote.LIMITS``); input requests during a call (answered with "", the call
 failed). Does not defend against: a function that wraps course_lib's reference (it passes;
-provenance flags it); test-cell statements other than checker calls (kernel only; under the
-driver's min rule they can only take points away); learner code feeding dummy calls to a probed
+provenance flags it); test-cell statements other than checker calls (kernel only: a cell scores
+only if both pass, so they can only take points away); learner code feeding dummy calls to a probed
 submodule, or replacing the kernel half of the protocol (its answers are still only data); learner
 code printing the running cell's source (the feedback redacts its hidden lines).
 """
@@ -49,10 +49,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from traitlets import Bool, Enum, Float, Integer, Unicode
-from traitlets.config import LoggingConfigurable
+from traitlets import Enum, Float, Integer, Unicode
 
-from .sandbox import blocking, breach_message, iopub_ready, protocol_breach
+from .preprocessors import hidden_regions, redact
+from .sandbox import SandboxExecute, add_error, blocking, breach_message, protocol_breach, replace_execute_step
 from .text import encodable_tree, parse_python
 from . import provenance
 
@@ -74,7 +74,7 @@ contracts = _Lazy("course_lib.grading.contracts")
 __all__ = ["HARNESS", "JudgeError", "KernelDied", "KernelWedged", "ProtocolError", "LearnerFault",
            "LearnerRaised", "CallTimeout", "KernelSession", "RemoteFunction", "CheckCall", "UnsupportedCell",
            "parse_test_cell", "judge_cell", "redact", "judge_seed", "derived_seed", "sha256_seed", "learner_exception",
-           "CourseJudge", "make_judge_execute", "configure_nbgrader", "nbgrader_config_lines", "apply_verdicts",
+           "CourseJudge", "configure_nbgrader", "nbgrader_config_lines", "disagreements",
            "read_verdicts", "VERDICT_SUFFIX"]
 
 #: Code the judge runs in the learner's kernel: names stay local to a function (learner globals such
@@ -91,7 +91,6 @@ finally:
 
 VERDICT_SUFFIX = ".judge.json"
 PASSED, FAILED, ERROR, UNJUDGED, SKIPPED = "passed", "failed", "error", "unjudged", "skipped"
-HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 NOT_DEFINED = "{} is not defined in the notebook (its cell did not run, or raised)"
 
 
@@ -188,6 +187,7 @@ class KernelSession:
         self.pending = False                # a harness input_request awaits our reply
         self.dead = self.wedged = False
         self.refused: str | None = None     # the first non-protocol prompt of the current request
+        self.answered_after_end = False     # a second answer came (``_drain``): forged answers
         self.calls = self.callbacks = 0
         self.observations: list[tuple[str, tuple[str, ...], bool]] = []   # watched calls (provenance)
         self._stdin, self._shell = client.stdin_channel, client.shell_channel
@@ -335,11 +335,16 @@ class KernelSession:
 
     def _drain(self, deadline: float) -> None:
         """Ask the harness to end (answering any pending request with "end") until the cell
-        finishes; returns then, and raises what ``_next`` raises (a timeout, a dead kernel)."""
+        finishes; returns then, and raises what ``_next`` raises (a timeout, a dead kernel). A
+        harness message after an "end" sets ``answered_after_end``: the harness never sends one,
+        so something else in the kernel answered the judge in its place."""
+        ended = False
         try:
             while True:
                 if self.pending:
+                    self.answered_after_end |= ended
                     self._reply({"op": "end"})
+                    ended = True
                 self._next(deadline)
         except _SessionEnded:
             return
@@ -575,18 +580,6 @@ def _checker_target(node) -> tuple[str, str] | None:
     return None
 
 
-def _hidden_lines(source: str) -> set[int]:
-    hidden, inside = set(), False
-    for number, line in enumerate(source.splitlines(), 1):
-        if HIDDEN_BEGIN in line:
-            inside = True
-        elif HIDDEN_END in line:
-            inside = False
-        elif inside:
-            hidden.add(number)
-    return hidden
-
-
 def parse_test_cell(source: str) -> tuple[list[CheckCall], int]:
     """Checker calls of a test cell's source, and the number of other top-level statements
     (asserts, prints, set-up: they run in the kernel only and are not judged).
@@ -600,7 +593,7 @@ def parse_test_cell(source: str) -> tuple[list[CheckCall], int]:
         tree = parse_python(source)
     except SyntaxError as exc:
         raise UnsupportedCell(f"test cell does not parse: {exc}") from None
-    hidden = _hidden_lines(source)
+    hidden = {number for number, (_, _, inside, _) in enumerate(hidden_regions(source), 1) if inside}
     calls: list[CheckCall] = []
     other = 0
 
@@ -686,100 +679,6 @@ def sha256_seed(*parts, sep: str = "\0") -> int:
 def derived_seed(base: int, *parts) -> int:
     """32 bits of sha256("course-judge:base:parts"): one seed per (cell, fresh_seed() occurrence)."""
     return sha256_seed("course-judge", base, *parts, sep=":")
-
-
-# == redaction ===================================================================================
-_NUMBER = re.compile(r"(?<![\w])(?<!\d\.)[-+]?(?:\d[\d_]*(?:,\d{3})*(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?(?![\w])")
-#: Phrases of a failing message whose numbers say *how* it failed, not what the inputs or the
-#: reference were: they survive redaction.
-_KEEP = [re.compile(p) for p in (
-    r"max \|diff\|(?: over the compared steps)? [-+0-9.eE]+(?:inf|nan)?", r"\|diff\| [-+0-9.eE]+",
-    r"\d+ of \d+ values over", r"ratio got/expected = [-+0-9.eE]+(?:inf|nan)?",
-    r"first over tolerance at (?:index \([\d, ]*\)|step \d+)", r"\bcase \d+", r"\d+ significant figures",
-    r"relative error (?:must be )?<= [-+0-9.eE]+", r"\b[ar]tol [-+0-9.eE]+", r"top-2", r"torch\.\w+")]
-_HINT = re.compile(r"; your number is what the formula gives with .*$")
-_CONSTANTS: set[str] = set()
-
-
-def _checker_constants() -> set[str]:
-    """Numbers written literally in the checkers' message strings (fault names such as
-    "k(k+1)/2" or "binary GiB (2^30 bytes)"): constants, not drawn inputs."""
-    if not _CONSTANTS:
-        import course_lib.grading as grading
-
-        folder = Path(grading.__file__).parent
-        for path in sorted(folder.glob("*.py")):
-            for node in ast.walk(parse_python(path.read_text(), str(path))):
-                if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                    _CONSTANTS.update(m.group(0) for m in _NUMBER.finditer(node.value))
-        _CONSTANTS.add("")
-    return _CONSTANTS
-
-
-def _collapse_case(head: str) -> str:
-    """Every "(case N: <drawn inputs>)" becomes "(case N)"; a call label "name(<args>) (case N)"
-    becomes "name (case N)"; "case N: <inputs>: ..." (check_paged) becomes "case N: ..."."""
-    out, i = [], 0
-    while True:
-        j = head.find("(case ", i)
-        if j < 0:
-            out.append(head[i:])
-            break
-        depth, k = 0, j
-        while k < len(head):
-            depth += head[k] == "("
-            depth -= head[k] == ")"
-            if depth == 0:
-                break
-            k += 1
-        m = re.match(r"\(case \d+", head[j:])
-        out.append(head[i:j] + m.group(0) + ")")
-        i = k + 1
-    head = "".join(out)
-    head = re.sub(r"^(\w+)\([^()]*(?:\([^()]*\)[^()]*)*\) \((case \d+)\)", r"\1 (\2)", head)
-    head = re.sub(r"^(\w+)\((?!case)[^:]*?\)(?=: )", r"\1 (a hidden case)", head)
-    head = re.sub(r"^(case \d+): [^:]*?(?=: )", r"\1", head)
-    return re.sub(r"^(\w+)\((case \d+)\)", r"\1 (\2)", head)
-
-
-def redact(message: str) -> str:
-    """A hidden check's message without its drawn inputs or reference values.
-
-    Kept: the function and case number, the kind of failure (type, dtype, contract), error
-    magnitudes (max |diff|, how many values over, the got/expected ratio), the first failing
-    index or step, tolerances, and the Diagnosis naming the fault (numbers in it only where the
-    checker's own text has them, never a bare "(N)"). Dropped: the case's drawn inputs, expected
-    and got values, shapes, formula terms, and the lines that print reference values ("(reference:",
-    "expected ...", "got ..."); other numbers become '#'."""
-    lines = str(message).splitlines() or [""]
-    head = _collapse_case(_HINT.sub("", lines[0]))
-    if head.rstrip().endswith(":"):
-        head = head.rstrip() + " the result differs from the reference"
-    # the lines after the first print reference values, expected/got plans and the like, up to the Diagnosis
-    diagnosis = next((i for i, line in enumerate(lines) if line.strip().startswith("Diagnosis:")), len(lines))
-    return "\n".join([_mask_numbers(head, constants=False)]
-                     + [_mask_numbers(line, constants=True) for line in lines[max(1, diagnosis):]])
-
-
-def _mask_numbers(line: str, constants: bool) -> str:
-    spans: list[tuple[int, int]] = []
-    for pattern in _KEEP:
-        spans.extend(m.span() for m in pattern.finditer(line))
-    bare = [m.span(1) for m in re.finditer(r"\((\s*[-+]?[\d.,]+\s*)\)", line)]   # "(24)": an input
-    allowed = _checker_constants() if constants else set()
-    out, last = [], 0
-    for m in _NUMBER.finditer(line):
-        if any(a <= m.start() and m.end() <= b for a, b in spans):
-            continue
-        if m.group(0) in allowed and not any(a <= m.start() and m.end() <= b for a, b in bare):
-            continue
-        out.append(line[last:m.start()])
-        out.append("#")
-        last = m.end()
-    out.append(line[last:])
-    text = "".join(out)
-    text = re.sub(r"\(#(?:, #)+\)", "(…)", text)
-    return re.sub(r"\[#?(?:, #)*\]", "[…]", text)
 
 
 # == judging a cell ==============================================================================
@@ -895,6 +794,7 @@ def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed:
         return dict(verdict, message="no labNN.check_* call in this cell: judged in the kernel only")
     plan = _plan(calls, seed, grade_id)
     verdict["checks"] = [record for _, _, record in plan]
+    session.answered_after_end = False
     cache: dict = {}
 
     def deadline() -> float:          # of the next call: its own timeout, within the cell's
@@ -909,6 +809,10 @@ def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed:
             break
     with contextlib.suppress(Exception):
         session.close()
+    if session.answered_after_end:    # the verdict rests on answers the harness did not give
+        verdict["checks"].append({"checker": "the judge's session", "hidden": False, "status": FAILED,
+                                  "message": "the kernel answered again after the judge ended the session: code "
+                                  "in the kernel answered the judge in the harness's place"})
     worst = next((r for r in verdict["checks"] if r["status"] in (ERROR, FAILED)), None)   # the last one run
     verdict["status"] = PASSED if worst is None else worst["status"]
     if worst is not None:
@@ -921,19 +825,6 @@ def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed:
 def _in_kernel_passed(cell) -> bool:
     """The course rule: a test cell fails in the kernel only with an error output."""
     return not any(o.get("output_type") == "error" for o in cell.get("outputs", []))
-
-
-def _cell_seconds(cell) -> float | None:
-    """How long the cell ran in the kernel (nbclient's timing metadata), if recorded."""
-    from datetime import datetime
-
-    timing = cell.get("metadata", {}).get("execution", {})
-    try:
-        start = datetime.fromisoformat(timing["iopub.execute_input"].replace("Z", "+00:00"))
-        end = datetime.fromisoformat(timing["shell.execute_reply"].replace("Z", "+00:00"))
-        return round((end - start).total_seconds(), 4)
-    except (KeyError, ValueError, TypeError, AttributeError):
-        return None
 
 
 def _trusted_source(cell, resources: dict) -> str | None:
@@ -956,12 +847,6 @@ def _error_verdict(grade_id: str, message: str) -> dict:
     return {"grade_id": grade_id, "status": ERROR, "checks": [], "kernel_only": 0, "seconds": 0.0, "message": message}
 
 
-def _add_error(cell, ename: str, text: str) -> None:
-    from nbformat.v4 import new_output   # an error output: nbgrader scores the cell 0, the feedback shows TEXT
-
-    cell.outputs.append(new_output("error", ename=ename, evalue=text, traceback=[f"{ename}: {text}"]))
-
-
 def _write_record(path: str, record: dict) -> None:
     """Write a verdict record as JSON to PATH: through a device or pipe as it is (never renamed over
     /dev/null), else to a temporary file renamed over PATH, which replaces a planted symlink
@@ -975,23 +860,19 @@ def _write_record(path: str, record: dict) -> None:
     os.replace(tmp, path)
 
 
-class CourseJudge(LoggingConfigurable):
-    """Mixin for nbgrader's Execute (or a subclass such as the sandbox's SandboxExecute): judge
-    every graded test cell right after it ran, against the same kernel (``make_judge_execute``).
-    Configure as ``c.CourseJudge.<trait>``."""
+class CourseJudge(SandboxExecute):
+    """The course's Execute step: the sandbox's ``SandboxExecute`` (its kernels, output caps and
+    rules for timeouts and dead kernels) that judges every graded test cell right after it ran,
+    against the same kernel. A cell the kernel passed and the judge did not gets an error output
+    (``JudgeVerdict``; ``ReferenceReuse`` under ``reference_reuse="zero"``), so nbgrader's
+    SaveAutoGrades scores it 0 and the feedback says why; the verdict records only explain.
+    Configure as ``c.CourseJudge.<trait>``; ``c.SandboxExecute.*`` and ``c.Execute.*`` apply too."""
 
-    enabled_judge = Bool(True, help="Judge graded test cells outside the kernel").tag(config=True)
     seed = Integer(None, allow_none=True, help="Base seed of the judge's hidden tests (default: "
                    "$COURSE_JUDGE_SEED, else derived from $COURSE_GRADING_SEED, else random)").tag(config=True)
     call_timeout = Float(60.0, help="Seconds one call into the kernel may take").tag(config=True)
     cell_timeout = Float(None, allow_none=True, help="Seconds the judge may spend on one cell (default: "
                          "Execute.timeout, else 300)").tag(config=True)
-    enforce = Bool(True, help="Add an error output to a graded cell the kernel passed and the judge did "
-                   "not, so SaveAutoGrades scores it 0 and the feedback shows the judge's message").tag(config=True)
-    restart_dead_kernel = Bool(True, help="Restart a kernel that died during judging so the notebook "
-                               "goes on (later cells then fail in a fresh kernel). Under the sandbox's "
-                               "SandboxExecute its own rule applies instead: later cells are not run and "
-                               "get a KernelDied error").tag(config=True)
     verdict_path = Unicode("", help="Where to write the verdicts JSON (default: "
                            "{notebook}.judge.json next to the notebook; '-': nowhere)").tag(config=True)
     reference_reuse = Enum(["flag", "zero"], "flag", help="A graded test whose learner functions reach "
@@ -1013,12 +894,12 @@ class CourseJudge(LoggingConfigurable):
 
     def preprocess_cell(self, cell, resources, index):
         self._judge_index = index
-        restarts = getattr(self, "kernel_restarts", 0)
+        restarts = self.kernel_restarts
         cell, resources = super().preprocess_cell(cell, resources, index)
-        if getattr(self, "kernel_restarts", 0) != restarts:
-            self._judge_disconnect()          # SandboxExecute restarted a wedged kernel: reconnect
+        if self.kernel_restarts != restarts:
+            self._judge_disconnect()          # a wedged kernel was restarted: reconnect
         meta = cell.get("metadata", {}).get("nbgrader", {})
-        if self.enabled_judge and cell.get("cell_type") == "code" and meta.get("grade") and not meta.get("solution"):
+        if cell.get("cell_type") == "code" and meta.get("grade") and not meta.get("solution"):
             self._judge(cell, resources or self._judge_resources)
         return cell, resources
 
@@ -1026,7 +907,7 @@ class CourseJudge(LoggingConfigurable):
         meta = cell.metadata.nbgrader
         grade_id = meta.get("grade_id", f"cell{len(self._judge_verdicts)}")
         in_kernel = _in_kernel_passed(cell)
-        died_in = getattr(self, "kernel_died_in", None)      # SandboxExecute: the kernel is gone
+        died_in = self.kernel_died_in                        # the kernel is gone
         timed_out = any(o.get("output_type") == "error" and o.get("ename") == "CellTimeoutError"
                         for o in cell.get("outputs", []))
         skipped = died_in is not None or timed_out           # scores 0 already: no second timeout
@@ -1035,17 +916,12 @@ class CourseJudge(LoggingConfigurable):
                                      if died_in is not None else "not judged: the cell timed out in the kernel")
         else:
             verdict = self._judge_verdict(cell, resources, grade_id)
-        verdict.update(points=float(meta.get("points", 0) or 0), in_kernel_passed=in_kernel,
-                       kernel_seconds=None if skipped else _cell_seconds(cell))
+        verdict.update(points=float(meta.get("points", 0) or 0), in_kernel_passed=in_kernel)
         verdict["disagrees"] = verdict["status"] != UNJUDGED and (verdict["status"] == PASSED) != in_kernel
         self._judge_verdicts.append(verdict)
-        if skipped:
-            return
-        cell.metadata["course_judge"] = {"status": verdict["status"], "message": verdict["message"],
-                                         "in_kernel_passed": in_kernel}
-        if self.enforce and in_kernel and verdict["status"] in (FAILED, ERROR):
+        if not skipped and in_kernel and verdict["status"] in (FAILED, ERROR):
             what = "failed" if verdict["status"] == FAILED else "could not judge"
-            _add_error(cell, "JudgeVerdict", f"the trusted judge {what} this test: {verdict['message']}")
+            add_error(cell, "JudgeVerdict", f"the trusted judge {what} this test: {verdict['message']}")
 
     def _judge_verdict(self, cell, resources, grade_id: str) -> dict:
         source = _trusted_source(cell, resources)
@@ -1060,8 +936,12 @@ class CourseJudge(LoggingConfigurable):
                 self.log.exception("judge: crashed on %s", grade_id)
             verdict = _error_verdict(grade_id, f"{type(exc).__name__}: {exc}")
         if self._judge_session is not None and self._judge_session.dead:
+            # the sandbox's rule for a dead kernel: later cells are not run and get a KernelDied
+            # error. A kernel the judge found dead may still run (its messages failed verification).
             verdict["message"] += " (the kernel died while being judged)"
-            self._judge_restart()
+            self._judge_disconnect()
+            self._stop_kernel(self._judge_index, f"not run: the kernel died in cell {self._judge_index} "
+                              "while the judge called its functions")
         self._judge_reuse(cell, verdict)
         return verdict
 
@@ -1081,9 +961,9 @@ class CourseJudge(LoggingConfigurable):
         self.log.warning("judge: %s reaches course_lib's reference %s%s", verdict.get("grade_id"),
                          ", ".join(reuse["references"]) or "(call-time check switched off)",
                          " (scored 0)" if reuse["zeroed"] else "")
-        if reuse["zeroed"] and self.enforce and _in_kernel_passed(cell):
-            _add_error(cell, "ReferenceReuse", f"this test scores 0: the course does not accept course_lib's own "
-                       f"reference ({', '.join(reuse['references'])}) as the exercise's answer")
+        if reuse["zeroed"] and _in_kernel_passed(cell):
+            add_error(cell, "ReferenceReuse", f"this test scores 0: the course does not accept course_lib's own "
+                      f"reference ({', '.join(reuse['references'])}) as the exercise's answer")
 
     def _judge_connect(self) -> KernelSession:
         if self._judge_session is None or not self._judge_session.usable:
@@ -1096,25 +976,6 @@ class CourseJudge(LoggingConfigurable):
         if self._judge_session is not None:
             self._judge_session.shutdown()
             self._judge_session = None
-
-    def _judge_restart(self) -> None:
-        self._judge_disconnect()
-        if hasattr(self, "kernel_died_in"):
-            # SandboxExecute's rule for a dead kernel: later cells are not run and get a
-            # KernelDied error; follow it rather than start a second kernel. A kernel the judge
-            # found dead may still run (its messages failed verification): stop it now.
-            with contextlib.suppress(Exception):
-                blocking(self.km.shutdown_kernel)(now=True)
-            self.kernel_died_in = getattr(self, "_judge_index", None)
-        elif self.restart_dead_kernel:
-            try:
-                blocking(self.km.restart_kernel)(now=True)
-                blocking(self.kc.wait_for_ready)(timeout=60)
-                if not iopub_ready(self.kc, 20):
-                    raise JudgeError("the restarted kernel's output channel did not come back")
-                self.log.warning("judge: the kernel died while being judged; restarted it")
-            except Exception as exc:  # nbclient will report the dead kernel at the next cell
-                self.log.error("judge: could not restart the dead kernel: %s", exc)
 
     def _judge_write(self) -> None:
         resources = self._judge_resources or {}
@@ -1137,38 +998,11 @@ class CourseJudge(LoggingConfigurable):
             _write_record(path, record)
 
 
-_JUDGED: dict[type, type] = {}
-
-
-def make_judge_execute(base: type | None = None) -> type:
-    """``base`` (nbgrader's Execute by default, or a subclass) with the judge mixed in; its
-    settings are ``c.CourseJudge.*`` and everything ``c.Execute.*`` still applies."""
-    if base is None:
-        from nbgrader.preprocessors import Execute as base
-    if base not in _JUDGED:
-        _JUDGED[base] = type("Judged" + base.__name__, (CourseJudge, base), {"__module__": __name__})
-    return _JUDGED[base]
-
-
 def configure_nbgrader(c) -> type:
-    """Judge every graded cell during ``nbgrader autograde``: replace the Execute step of
-    ``c.Autograde.autograde_preprocessors`` (Execute or SandboxExecute; call this after the
-    sandbox's ``configure_nbgrader``) by its judged subclass. Returns that class."""
-    from nbgrader.converters.autograde import Autograde
-    from nbgrader.preprocessors import Execute
-
-    if "autograde_preprocessors" in c.Autograde:
-        steps = list(c.Autograde.autograde_preprocessors)
-    else:
-        steps = list(Autograde.class_traits()["autograde_preprocessors"].default())
-    for i, step in enumerate(steps):
-        if isinstance(step, type) and issubclass(step, Execute):
-            if issubclass(step, CourseJudge):
-                return step
-            steps[i] = make_judge_execute(step)
-            c.Autograde.autograde_preprocessors = steps
-            return steps[i]
-    raise RuntimeError("no Execute step in Autograde.autograde_preprocessors")
+    """Judge every graded cell during ``nbgrader autograde``: ``CourseJudge`` becomes the Execute
+    step of ``c.Autograde.autograde_preprocessors`` (``sandbox.replace_execute_step``). Returns it."""
+    replace_execute_step(c, CourseJudge)
+    return CourseJudge
 
 
 def nbgrader_config_lines() -> list[str]:
@@ -1184,8 +1018,8 @@ def nbgrader_config_lines() -> list[str]:
 def read_verdicts(folder: str | os.PathLike, student: str | None = None, assignment: str | None = None) -> list[dict]:
     """The verdict records ``{student}/{assignment}/{notebook}.judge.json`` under ``folder`` (nbgrader's
     autograded folder, or a learner's or assignment's folder in it) whose recorded student,
-    assignment and notebook match their path (and STUDENT / ASSIGNMENT when given). Unsandboxed, the
-    learner's kernel can write there: the scores then rest on ``CourseJudge.enforce``, not these."""
+    assignment and notebook match their path (and STUDENT / ASSIGNMENT when given). No score rests on
+    them (``CourseJudge``'s error outputs do), but unsandboxed the learner's kernel could write there."""
     records = []
     for path in sorted(Path(folder).rglob("*" + VERDICT_SUFFIX)):
         if path.is_symlink() or not path.is_file():
@@ -1202,45 +1036,16 @@ def read_verdicts(folder: str | os.PathLike, student: str | None = None, assignm
     return records
 
 
-def apply_verdicts(db_url: str, records: list[dict], policy: str = "min", course_id: str | None = None) -> list[dict]:
-    """Write the judge's verdicts into an nbgrader gradebook; return the disagreements.
-
-    For every judged graded cell (status passed / failed / error) the grade's auto_score becomes
-    ``points if passed else 0`` (policy "judge"), or the smaller of that and the kernel's score
-    (policy "min", the default: a test the kernel failed stays failed, e.g. a spec-figure
-    assert the judge does not evaluate, and a pass the judge refuses is 0). Unjudged cells keep
-    the kernel's score. A cell whose verdict says it reuses its exercise's reference and is to
-    score 0 (``reference_reuse.zeroed``, ``CourseJudge.reference_reuse = "zero"``) gets 0.
-
-    Returns one dict per cell where the kernel's result and the judge's differ: learner, lab
-    (assignment), notebook, cell, points, in_kernel (passed/failed), judge (status), score (new
-    auto_score), message.
-    """
-    if policy not in ("min", "judge"):
-        raise ValueError("policy must be 'min' or 'judge'")
-    from nbgrader.api import Gradebook, MissingEntry
-
-    flagged = []
-    kwargs = {"course_id": course_id} if course_id else {}
-    with Gradebook(db_url, **kwargs) as gb:
-        for record in records:
-            for verdict in record.get("cells", []):
-                status = verdict.get("status")
-                if status not in (PASSED, FAILED, ERROR):
-                    continue
-                try:
-                    grade = gb.find_grade(verdict["grade_id"], record["notebook"], record["assignment"],
-                                          record["student"])
-                except (MissingEntry, KeyError):
-                    continue
-                points, in_kernel = float(grade.max_score), bool(verdict.get("in_kernel_passed"))
-                zeroed = (verdict.get("reference_reuse") or {}).get("zeroed") is True   # the course's rule
-                score = points if status == PASSED and (policy == "judge" or in_kernel) and not zeroed else 0.0
-                grade.auto_score = score
-                if in_kernel != (status == PASSED):
-                    flagged.append({"learner": record["student"], "lab": record["assignment"],
-                                    "notebook": record["notebook"], "cell": verdict["grade_id"],
-                                    "points": points, "in_kernel": PASSED if in_kernel else FAILED,
-                                    "judge": status, "score": score, "message": verdict.get("message", "")})
-        gb.db.commit()
-    return flagged
+def disagreements(records: list[dict]) -> list[dict]:
+    """The judged cells of verdict RECORDS (``read_verdicts``) where the kernel's result and the
+    judge's differ, one dict each: learner, lab (assignment), notebook, cell, points, in_kernel
+    (passed/failed), judge (status), score, message. The score is 0: either the kernel failed the
+    cell, or the judge did not pass it and ``CourseJudge`` put an error output in it. Scores come
+    from the autograded notebook alone; these records only explain them (the driver's flags)."""
+    return [{"learner": record.get("student"), "lab": record.get("assignment"), "notebook": record.get("notebook"),
+             "cell": verdict.get("grade_id"), "points": verdict.get("points"),
+             "in_kernel": PASSED if verdict.get("in_kernel_passed") else FAILED, "judge": verdict.get("status"),
+             "score": 0.0, "message": verdict.get("message", "")}
+            for record in records for verdict in record.get("cells", []) if isinstance(verdict, dict)
+            and verdict.get("status") in (PASSED, FAILED, ERROR)
+            and bool(verdict.get("in_kernel_passed")) != (verdict.get("status") == PASSED)]

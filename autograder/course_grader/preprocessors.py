@@ -4,19 +4,21 @@
 nbgrader's sanitize, autograde and feedback preprocessor lists. They defend the grading against
 what stock nbgrader 0.9 lets a submission do: zero itself with text UTF-8 cannot encode, with a
 warning on stderr, or with a deleted or duplicated cell; score a wrong answer by displaying a
-number; read hidden tests and their drawn inputs in the feedback's tracebacks. They do not judge
-answers (``course_grader.judge`` does) or run learner code (``course_grader.sandbox`` does).
+number; read hidden tests and their drawn inputs in the feedback's tracebacks or the judge's
+messages (``redact``, which the judge also applies to its verdicts). They do not judge answers
+(``course_grader.judge`` does) or run learner code (``course_grader.sandbox`` does).
 """
 
+import ast
 import re
+from pathlib import Path
 
 from nbformat import from_dict
 from nbgrader import utils
 from nbgrader.preprocessors import DeduplicateIds, NbGraderPreprocessor, OverwriteCells
 from traitlets import Unicode
 
-from .judge import redact
-from .text import ANSI, encodable_tree
+from .text import ANSI, encodable_tree, parse_python
 
 STDERR_PREFIX = "[stderr]"
 
@@ -85,7 +87,7 @@ HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 REDACTED = "      ... (hidden test lines not shown)"
 
 
-def _hidden_regions(text: str):
+def hidden_regions(text: str):
     """``(line, plain line, hidden, begins)`` for each line of TEXT: ``hidden`` from a BEGIN HIDDEN
     TESTS marker line to the next line with an END marker and no BEGIN marker, both included, or to
     the end; ``begins`` on the first BEGIN line. ANSI colour codes are ignored in the markers."""
@@ -99,8 +101,8 @@ def _hidden_regions(text: str):
 
 
 def redact_hidden_lines(text: str) -> str:
-    """TEXT with every hidden-test region (``_hidden_regions``) replaced by one placeholder line."""
-    return "\n".join(REDACTED if begins else line for line, _, hidden, begins in _hidden_regions(text)
+    """TEXT with every hidden-test region (``hidden_regions``) replaced by one placeholder line."""
+    return "\n".join(REDACTED if begins else line for line, _, hidden, begins in hidden_regions(text)
                      if begins or not hidden)
 
 
@@ -110,7 +112,100 @@ ARROW = re.compile(r"^\s*-+>\s*\d+")  # IPython's "----> 7 line" marker of the l
 def raised_in_hidden_lines(frame: str) -> bool:
     """True when a traceback frame's arrow points at a line between the hidden-test markers."""
     return any(hidden and ARROW.match(plain) and HIDDEN_BEGIN not in plain and HIDDEN_END not in plain
-               for _, plain, hidden, _ in _hidden_regions(frame))
+               for _, plain, hidden, _ in hidden_regions(frame))
+
+
+_NUMBER = re.compile(r"(?<![\w])(?<!\d\.)[-+]?(?:\d[\d_]*(?:,\d{3})*(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?(?![\w])")
+#: Phrases of a failing message whose numbers say *how* it failed, not what the inputs or the
+#: reference were: they survive redaction.
+_KEEP = [re.compile(p) for p in (
+    r"max \|diff\|(?: over the compared steps)? [-+0-9.eE]+(?:inf|nan)?", r"\|diff\| [-+0-9.eE]+",
+    r"\d+ of \d+ values over", r"ratio got/expected = [-+0-9.eE]+(?:inf|nan)?",
+    r"first over tolerance at (?:index \([\d, ]*\)|step \d+)", r"\bcase \d+", r"\d+ significant figures",
+    r"relative error (?:must be )?<= [-+0-9.eE]+", r"\b[ar]tol [-+0-9.eE]+", r"top-2", r"torch\.\w+")]
+_HINT = re.compile(r"; your number is what the formula gives with .*$")
+_CONSTANTS: set[str] = set()
+
+
+def _checker_constants() -> set[str]:
+    """Numbers written literally in the checkers' message strings (fault names such as
+    "k(k+1)/2" or "binary GiB (2^30 bytes)"): constants, not drawn inputs."""
+    if not _CONSTANTS:
+        import course_lib.grading as grading
+
+        folder = Path(grading.__file__).parent
+        for path in sorted(folder.glob("*.py")):
+            for node in ast.walk(parse_python(path.read_text(), str(path))):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    _CONSTANTS.update(m.group(0) for m in _NUMBER.finditer(node.value))
+        _CONSTANTS.add("")
+    return _CONSTANTS
+
+
+def _collapse_case(head: str) -> str:
+    """Every "(case N: <drawn inputs>)" becomes "(case N)"; a call label "name(<args>) (case N)"
+    becomes "name (case N)"; "case N: <inputs>: ..." (check_paged) becomes "case N: ..."."""
+    out, i = [], 0
+    while True:
+        j = head.find("(case ", i)
+        if j < 0:
+            out.append(head[i:])
+            break
+        depth, k = 0, j
+        while k < len(head):
+            depth += head[k] == "("
+            depth -= head[k] == ")"
+            if depth == 0:
+                break
+            k += 1
+        m = re.match(r"\(case \d+", head[j:])
+        out.append(head[i:j] + m.group(0) + ")")
+        i = k + 1
+    head = "".join(out)
+    head = re.sub(r"^(\w+)\([^()]*(?:\([^()]*\)[^()]*)*\) \((case \d+)\)", r"\1 (\2)", head)
+    head = re.sub(r"^(\w+)\((?!case)[^:]*?\)(?=: )", r"\1 (a hidden case)", head)
+    head = re.sub(r"^(case \d+): [^:]*?(?=: )", r"\1", head)
+    return re.sub(r"^(\w+)\((case \d+)\)", r"\1 (\2)", head)
+
+
+def redact(message: str) -> str:
+    """A hidden check's message without its drawn inputs or reference values.
+
+    Kept: the function and case number, the kind of failure (type, dtype, contract), error
+    magnitudes (max |diff|, how many values over, the got/expected ratio), the first failing
+    index or step, tolerances, and the Diagnosis naming the fault (numbers in it only where the
+    checker's own text has them, never a bare "(N)"). Dropped: the case's drawn inputs, expected
+    and got values, shapes, formula terms, and the lines that print reference values ("(reference:",
+    "expected ...", "got ..."); other numbers become '#'."""
+    lines = str(message).splitlines() or [""]
+    head = _collapse_case(_HINT.sub("", lines[0]))
+    if head.rstrip().endswith(":"):
+        head = head.rstrip() + " the result differs from the reference"
+    # the lines after the first print reference values, expected/got plans and the like, up to the Diagnosis
+    diagnosis = next((i for i, line in enumerate(lines) if line.strip().startswith("Diagnosis:")), len(lines))
+    return "\n".join([_mask_numbers(head, constants=False)]
+                     + [_mask_numbers(line, constants=True) for line in lines[max(1, diagnosis):]])
+
+
+def _mask_numbers(line: str, constants: bool) -> str:
+    spans: list[tuple[int, int]] = []
+    for pattern in _KEEP:
+        spans.extend(m.span() for m in pattern.finditer(line))
+    bare = [m.span(1) for m in re.finditer(r"\((\s*[-+]?[\d.,]+\s*)\)", line)]   # "(24)": an input
+    allowed = _checker_constants() if constants else set()
+    out, last = [], 0
+    for m in _NUMBER.finditer(line):
+        if any(a <= m.start() and m.end() <= b for a, b in spans):
+            continue
+        if m.group(0) in allowed and not any(a <= m.start() and m.end() <= b for a, b in bare):
+            continue
+        out.append(line[last:m.start()])
+        out.append("#")
+        last = m.end()
+    out.append(line[last:])
+    text = "".join(out)
+    text = re.sub(r"\(#(?:, #)+\)", "(…)", text)
+    return re.sub(r"\[#?(?:, #)*\]", "[…]", text)
 
 
 class RedactHiddenTracebacks(NbGraderPreprocessor):
@@ -121,7 +216,7 @@ class RedactHiddenTracebacks(NbGraderPreprocessor):
     included, and a hidden check's message names the case it drew and the reference value.
     This preprocessor rewrites each traceback frame of a graded code cell's error outputs with
     ``redact_hidden_lines``; when the error was raised by a hidden line, the message is cut down
-    by the judge's ``redact`` (the contract, the error's size and the named fault stay; drawn
+    by ``redact`` (the contract, the error's size and the named fault stay; drawn
     inputs and expected values go). The exception's type stays. Printed text of graded cells gets
     ``redact_hidden_lines`` too (learner code can print the source of the cell running it).
     """

@@ -24,14 +24,17 @@ authorship either:
 
 * code that did not run during the judge's calls: a reference only named, called on inputs the
   judge did not draw, or called before the call (its results kept in a table by an earlier cell);
-* code run outside the profiled thread: a thread, executor or process started before the call,
-  any process (``multiprocessing``, ``subprocess``, ``os.fork``), native code;
+* code run outside the profiled thread: a thread, executor or process started before the call, a
+  thread started during it with ``_thread.start_new_thread`` (``threading.setprofile`` reaches only
+  ``threading``'s threads), any process (``multiprocessing``, ``subprocess``, ``os.fork``), native code;
 * a reference that is not Python code (``watch_spec`` skips it), and an *edited* copy of a
   reference (any changed constant, docstring or looked-up name): the learner's code, as far as
   this check can tell;
 * learner code that defeats the hook from inside the kernel, where it runs first: a function that
   takes the hook with ``sys.getprofile()``, switches it off and puts it back before returning is
-  reported as observed, and code that replaces this module's ``Observer`` reports what it likes.
+  reported as observed, and code that replaces this module's ``Observer``, or answers the judge in
+  the harness's place through the stdin channel, reports what it likes (the judge fails a cell
+  whose kernel answers again after the judge ended the session, the trace a naive forger leaves).
 
 **The code scan** (``analyse``) reads the notebook's code cells with ``ast`` (IPython magics first
 rewritten by IPython's own input transformer) and never runs them. It only lists what a person
@@ -278,13 +281,19 @@ def _fingerprint(code: types.CodeType) -> str:
 
 
 def _const_text(value) -> str:
-    if isinstance(value, types.CodeType):
+    """Text of a constant for ``_fingerprint``. Only the kinds the compiler makes are read; any
+    other object (planted by learner code with ``code.replace(co_consts=...)``) reads "object",
+    unasked: its ``__repr__`` would run learner code inside the profiler hook, unobserved."""
+    kind = type(value)
+    if kind is types.CodeType:
         return "code:" + _fingerprint(value)
-    if isinstance(value, tuple):
+    if kind is tuple:
         return "(" + ",".join(_const_text(v) for v in value) + ")"
-    if isinstance(value, frozenset):                  # its order varies with string hashing
+    if kind is frozenset:                             # its order varies with string hashing
         return "{" + ",".join(sorted(_const_text(v) for v in value)) + "}"
-    return f"{type(value).__name__}:{value!r}"
+    if kind in (int, float, complex, str, bytes, bool, type(None), type(...)):
+        return f"{kind.__name__}:{value!r}"
+    return "object"
 
 
 def genuine_profiler(module) -> tuple | None:

@@ -24,8 +24,8 @@ nbgrader's ``Execute`` passes ``kernel_manager_class`` as a keyword, which beats
 (traitlets would skip the config file and nbgrader would grade unsandboxed): kernel starts raise
 instead, unless the unsafe flag was given, and then every output says so. ``require_sandbox`` is
 the driver's gate. ``python -m course_grader.sandbox status`` prints whether the sandbox works
-(exit 0/1); ``... install`` runs ``apt-get install -y bubblewrap`` (Debian/Ubuntu, as root;
-Fedora: ``dnf install -y bubblewrap``; macOS has none: grading there needs the unsafe flag).
+(exit 0/1); ``make sandbox`` installs bubblewrap (``apt-get install -y bubblewrap`` on Debian/Ubuntu
+as root; Fedora: ``dnf install -y bubblewrap``; macOS has none: grading there needs the unsafe flag).
 """
 
 from __future__ import annotations
@@ -163,26 +163,6 @@ def missing_tools() -> str:
         return ""
     hint = f"install bubblewrap: {INSTALL_COMMAND}" if "bwrap" in missing else "install util-linux"
     return f"missing {', '.join(missing)} ({hint})"
-
-
-def ensure_bwrap(install: bool = False) -> str:
-    """The path of ``bwrap``; with INSTALL, try ``apt-get install -y bubblewrap`` (and after
-    ``apt-get update``) when it is missing. Raises SandboxUnavailableError, saying what to do, when
-    it is missing and cannot be installed here (not Linux, not root, no apt-get, apt failed)."""
-    found = find_tool("bwrap")
-    if found:
-        return found
-    advice = (f"bubblewrap (bwrap) is not installed. On Debian/Ubuntu run as root: {INSTALL_COMMAND} "
-              "(apt-get update first on a fresh image); Fedora: dnf install -y bubblewrap. Without apt or root "
-              "access ask the administrator; on macOS there is no bubblewrap, so grading needs the explicit "
-              "unsafe flag.")
-    if install and sys.platform.startswith("linux") and os.geteuid() == 0 and find_tool("apt-get"):
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        for steps in ([INSTALL_COMMAND], ["apt-get update", INSTALL_COMMAND]):
-            if all(subprocess.run(step.split(), env=env).returncode == 0 for step in steps) and find_tool("bwrap"):
-                return str(find_tool("bwrap"))
-        advice = "apt-get could not install bubblewrap. " + advice
-    raise SandboxUnavailableError(advice)
 
 
 _STATUS: list[tuple[bool, str]] = []     # the cached answer of sandbox_status
@@ -848,13 +828,10 @@ def breach_message(detail: str) -> str:
 
 # nbgrader: the Execute step and its configuration
 
-try:
-    from nbgrader.preprocessors import Execute as _Execute
-except ImportError:  # pragma: no cover - nbgrader is a course dependency
-    _Execute = None  # type: ignore[assignment, misc]
+from nbgrader.preprocessors import Execute  # noqa: E402
 
 
-def _add_error(cell: Any, ename: str, message: str) -> None:
+def add_error(cell: Any, ename: str, message: str) -> None:
     """Add the error output ENAME: MESSAGE to CELL (what SaveAutoGrades counts as a failed cell)."""
     from nbformat.v4 import new_output
 
@@ -862,217 +839,216 @@ def _add_error(cell: Any, ename: str, message: str) -> None:
     cell.outputs = [*cell.get("outputs", []), error]
 
 
-if _Execute is not None:
-    class SandboxExecute(_Execute):
-        """nbgrader's Execute with kernels from SandboxKernelManager (every ``c.Execute`` setting
-        applies). What a cell can do to the notebook's grading is bounded:
+class SandboxExecute(Execute):
+    """nbgrader's Execute with kernels from SandboxKernelManager (every ``c.Execute`` setting
+    applies). What a cell can do to the notebook's grading is bounded:
 
-        - its output: ``max_output_bytes`` per cell, ``max_notebook_output_bytes`` in all, counted
-          over each message's whole content; past them, output is dropped with one line saying so;
-        - a kernel that dies (os._exit, a segfault, a cap) records ``KernelDied`` in that cell and
-          every later code cell: earlier cells keep their scores, later ones score 0; so does a
-          kernel that stops speaking the protocol (a message that fails jupyter_client's checks,
-          ``protocol_breach``, or a cell reported idle without its execute_reply in ``reply_grace``);
-        - a cell past ``timeout`` is interrupted; if it ignores the interrupt, it gets a
-          ``CellTimeoutError``, its kernel is restarted and the code cells before it are run again
-          (outputs discarded), at most ``max_kernel_restarts`` times; then later cells are not run;
-        - an ``input_request`` while stdin is off interrupts the cell within a second.
-        """
+    - its output: ``max_output_bytes`` per cell, ``max_notebook_output_bytes`` in all, counted
+      over each message's whole content; past them, output is dropped with one line saying so;
+    - a kernel that dies (os._exit, a segfault, a cap) records ``KernelDied`` in that cell and
+      every later code cell: earlier cells keep their scores, later ones score 0; so does a
+      kernel that stops speaking the protocol (a message that fails jupyter_client's checks,
+      ``protocol_breach``, or a cell reported idle without its execute_reply in ``reply_grace``);
+    - a cell past ``timeout`` is interrupted; if it ignores the interrupt, it gets a
+      ``CellTimeoutError``, its kernel is restarted and the code cells before it are run again
+      (outputs discarded), at most ``max_kernel_restarts`` times; then later cells are not run;
+    - an ``input_request`` while stdin is off interrupts the cell within a second.
+    """
 
-        max_output_bytes = Integer(16 * MiB, help="Bytes of output one cell may add to the notebook"
-                                   ).tag(config=True)
-        max_notebook_output_bytes = Integer(64 * MiB, help="Bytes of output all cells together may add "
-                                            "to the notebook (what the feedback page must render)").tag(config=True)
-        max_kernel_restarts = Integer(1, help="Times a kernel wedged by a cell that ignores the timeout "
-                                      "interrupt is killed, restarted and replayed up to that cell").tag(config=True)
-        reply_grace = Float(10.0, help="Seconds a cell's execute_reply may come after the kernel reported "
-                            "the cell finished (status idle); past that its shell is taken for broken and the "
-                            "kernel is stopped").tag(config=True)
+    max_output_bytes = Integer(16 * MiB, help="Bytes of output one cell may add to the notebook"
+                               ).tag(config=True)
+    max_notebook_output_bytes = Integer(64 * MiB, help="Bytes of output all cells together may add "
+                                        "to the notebook (what the feedback page must render)").tag(config=True)
+    max_kernel_restarts = Integer(1, help="Times a kernel wedged by a cell that ignores the timeout "
+                                  "interrupt is killed, restarted and replayed up to that cell").tag(config=True)
+    reply_grace = Float(10.0, help="Seconds a cell's execute_reply may come after the kernel reported "
+                        "the cell finished (status idle); past that its shell is taken for broken and the "
+                        "kernel is stopped").tag(config=True)
 
-        def __init__(self, **kwargs: Any) -> None:
-            kwargs.setdefault("kernel_manager_class", SandboxKernelManager)
-            super().__init__(**kwargs)
-            self._sandbox_out: dict[int, int] = {}
-            self._sandbox_truncated: set[int] = set()
-            self.kernel_died_in: int | None = None
-            self._not_run_reason = ""
-            self._ran: list[tuple[int, Any]] = []     # (index, pristine copy) of every code cell run
-            self.kernel_restarts = 0
-            self._current_index: int | None = None
-            self._input_refused: set[int] = set()
-            self._idle_at: float | None = None       # when the running cell's status went idle
-            self._broken: str | None = None          # why the running kernel was taken for broken
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("kernel_manager_class", SandboxKernelManager)
+        super().__init__(**kwargs)
+        self._sandbox_out: dict[int, int] = {}
+        self._sandbox_truncated: set[int] = set()
+        self.kernel_died_in: int | None = None
+        self._not_run_reason = ""
+        self._ran: list[tuple[int, Any]] = []     # (index, pristine copy) of every code cell run
+        self.kernel_restarts = 0
+        self._current_index: int | None = None
+        self._input_refused: set[int] = set()
+        self._idle_at: float | None = None       # when the running cell's status went idle
+        self._broken: str | None = None          # why the running kernel was taken for broken
 
-        def preprocess_cell(self, cell: Any, resources: Any, index: int) -> Any:
-            """Run one cell under the rules in the class docstring (this is the hook that sees
-            nbclient's exceptions: nbconvert calls the synchronous ``execute_cell`` from here)."""
-            if self.kernel_died_in is not None:
-                if cell.cell_type == "code":
-                    cell.outputs = []
-                    _add_error(cell, KERNEL_DIED, self._not_run_reason)
-                return cell, resources
-            from nbclient.exceptions import CellTimeoutError, DeadKernelError
-
+    def preprocess_cell(self, cell: Any, resources: Any, index: int) -> Any:
+        """Run one cell under the rules in the class docstring (this is the hook that sees
+        nbclient's exceptions: nbconvert calls the synchronous ``execute_cell`` from here)."""
+        if self.kernel_died_in is not None:
             if cell.cell_type == "code":
-                pristine = copy.deepcopy(cell)
-                pristine.outputs = []
-                self._ran.append((index, pristine))
-            self._current_index = index
-            try:
-                cell, resources = self._execute(cell, resources, index)
-            except CellTimeoutError:
-                _add_error(cell, "CellTimeoutError", f"this cell ran past its {self.timeout} s limit and ignored "
-                           "the interrupt; its kernel was killed")
-                self._restart_and_replay(index, resources)
-            except Exception as exc:
-                dead = isinstance(exc, DeadKernelError)
-                broken = self._broken if dead else protocol_breach(exc)
-                if broken is None and not dead:
-                    raise
-                if broken is None:
-                    self._stop_kernel(index, f"not run: the kernel died in cell {index}")
-                    _add_error(cell, KERNEL_DIED, "the kernel died while this cell ran (os._exit, a crash, or a "
-                               "sandbox limit)")
-                else:
-                    self.log.warning("sandbox: cell %d: the kernel %s (%s); it is stopped and later cells are "
-                                     "not run", index, PROTOCOL_BROKEN, broken)
-                    self._stop_kernel(index, f"not run: the kernel {PROTOCOL_BROKEN} in cell {index} and was stopped")
-                    _add_error(cell, KERNEL_DIED, breach_message(broken))
-            else:
-                if index in self._input_refused:
-                    _add_error(cell, "StdinNotImplementedError", "the cell asked for input (input_request) while "
-                               "grading, where there is no stdin; it was interrupted")
-            finally:
-                self._current_index = None
+                cell.outputs = []
+                add_error(cell, KERNEL_DIED, self._not_run_reason)
             return cell, resources
+        from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-        def _execute(self, cell: Any, resources: Any, index: int) -> Any:
-            """nbclient's run of one cell, with the reply check of ``_async_poll_kernel_alive`` reset."""
-            self._idle_at, self._broken = None, None
-            return super().preprocess_cell(cell, resources, index)
+        if cell.cell_type == "code":
+            pristine = copy.deepcopy(cell)
+            pristine.outputs = []
+            self._ran.append((index, pristine))
+        self._current_index = index
+        try:
+            cell, resources = self._execute(cell, resources, index)
+        except CellTimeoutError:
+            add_error(cell, "CellTimeoutError", f"this cell ran past its {self.timeout} s limit and ignored "
+                       "the interrupt; its kernel was killed")
+            self._restart_and_replay(index, resources)
+        except Exception as exc:
+            dead = isinstance(exc, DeadKernelError)
+            broken = self._broken if dead else protocol_breach(exc)
+            if broken is None and not dead:
+                raise
+            if broken is None:
+                self._stop_kernel(index, f"not run: the kernel died in cell {index}")
+                add_error(cell, KERNEL_DIED, "the kernel died while this cell ran (os._exit, a crash, or a "
+                           "sandbox limit)")
+            else:
+                self.log.warning("sandbox: cell %d: the kernel %s (%s); it is stopped and later cells are "
+                                 "not run", index, PROTOCOL_BROKEN, broken)
+                self._stop_kernel(index, f"not run: the kernel {PROTOCOL_BROKEN} in cell {index} and was stopped")
+                add_error(cell, KERNEL_DIED, breach_message(broken))
+        else:
+            if index in self._input_refused:
+                add_error(cell, "StdinNotImplementedError", "the cell asked for input (input_request) while "
+                           "grading, where there is no stdin; it was interrupted")
+        finally:
+            self._current_index = None
+        return cell, resources
 
-        def _stop_kernel(self, index: int, not_run: str) -> None:
-            """Kill the kernel at once (no shutdown request: its answer could not be trusted) and
-            record every later code cell as not run, with the KernelDied text NOT_RUN."""
-            with contextlib.suppress(Exception):
-                run_sync(self.km.shutdown_kernel)(now=True)
-            self.kernel_died_in, self._not_run_reason = index, not_run
+    def _execute(self, cell: Any, resources: Any, index: int) -> Any:
+        """nbclient's run of one cell, with the reply check of ``_async_poll_kernel_alive`` reset."""
+        self._idle_at, self._broken = None, None
+        return super().preprocess_cell(cell, resources, index)
 
-        def _restart_and_replay(self, index: int, resources: Any) -> None:
-            """After cell INDEX ignored the timeout interrupt: restart the kernel and rerun the code cells
-            before it (outputs discarded); past ``max_kernel_restarts``, or if that fails, stop it."""
-            if self.kernel_restarts < self.max_kernel_restarts:
-                self.kernel_restarts += 1
-                try:
-                    run_sync(self.km.restart_kernel)(now=True)
-                    run_sync(self.kc.wait_for_ready)(timeout=60)
-                    if not iopub_ready(self.kc):
-                        raise SandboxError("the restarted kernel's output channel did not come back")
-                    self.km.kernel_ready()
-                    for earlier, pristine in self._ran:
-                        if earlier < index:
-                            self._reset_output_count(earlier)
-                            self._execute(copy.deepcopy(pristine), resources, earlier)
-                            self._reset_output_count(earlier)
-                    self.log.warning("sandbox: cell %d ignored the timeout interrupt; the kernel was restarted "
-                                     "and cells before it were run again", index)
-                    return
-                except Exception as exc:  # a second wedge or a failed restart: stop here
-                    self.log.error("sandbox: could not restart and replay after cell %d: %s", index, exc)
-            self._stop_kernel(index, f"not run: cell {index} ignored the timeout interrupt and its kernel was killed")
+    def _stop_kernel(self, index: int, not_run: str) -> None:
+        """Kill the kernel at once (no shutdown request: its answer could not be trusted) and
+        record every later code cell as not run, with the KernelDied text NOT_RUN."""
+        with contextlib.suppress(Exception):
+            run_sync(self.km.shutdown_kernel)(now=True)
+        self.kernel_died_in, self._not_run_reason = index, not_run
 
-        def start_new_kernel_client(self) -> Any:
-            """nbclient's start (nbconvert's synchronous entry), then ``kernel_ready``."""
-            client = super().start_new_kernel_client()
-            self.km.kernel_ready()
-            return client
-
-        async def _async_poll_kernel_alive(self) -> None:
-            """nbclient's once-a-second liveness poll, plus: a cell reported idle without its
-            execute_reply (a working kernel replies first) within ``reply_grace`` s takes the kernel
-            for broken, and an input_request on stdin (off while grading) interrupts the cell."""
-            from nbclient.exceptions import DeadKernelError
-
-            while True:
-                await asyncio.sleep(1)
-                if self.kc is None:   # the client was cleaned up while this poll slept
-                    return
-                try:
-                    await self._async_check_alive()
-                except DeadKernelError:
-                    assert self.task_poll_for_reply is not None
-                    self.task_poll_for_reply.cancel()
-                    return
-                if self._idle_at is not None and time.monotonic() - self._idle_at > self.reply_grace \
-                        and self.task_poll_for_reply is not None and not self.task_poll_for_reply.done():
-                    self._broken = (f"the cell finished (status idle) but no execute_reply came in "
-                                    f"{self.reply_grace:.0f} s")
-                    self.task_poll_for_reply.cancel()
-                    return
-                while True:
-                    try:
-                        msg = await ensure_async(self.kc.stdin_channel.get_msg(timeout=0))
-                    except Exception:    # queue.Empty: nothing waiting
-                        break
-                    if msg.get("msg_type") == "input_request" and self._current_index is not None:
-                        self._input_refused.add(self._current_index)
-                        await ensure_async(self.km.interrupt_kernel())
-
-        def process_message(self, msg: dict, cell: Any, cell_index: int) -> Any:
-            """nbclient's handler of the running cell's output messages; notes when the kernel
-            reports the cell idle, for the reply check in ``_async_poll_kernel_alive``."""
-            content = msg.get("content") or {}
-            if msg.get("msg_type") == "status" and content.get("execution_state") == "idle":
-                self._idle_at = time.monotonic()
-            return super().process_message(msg, cell, cell_index)
-
-        def _reset_output_count(self, cell_index: int) -> None:
-            self._sandbox_out.pop(cell_index, None)
-            self._sandbox_truncated.discard(cell_index)
-
-        def _charge(self, index: int, size: int, outs: list, over_cell: str, over_notebook: str) -> bool:
-            """Count SIZE bytes of output against cell INDEX and the notebook; True when both caps
-            allow it. Past a cap nothing is counted and, once per cell, OUTS gets one
-            "[sandbox] output truncated" line saying which cap (OVER_CELL / OVER_NOTEBOOK)."""
-            used = self._sandbox_out.get(index, 0)
-            over = (over_cell if used + size > self.max_output_bytes else over_notebook
-                    if sum(self._sandbox_out.values()) + size > self.max_notebook_output_bytes else "")
-            if not over:
-                self._sandbox_out[index] = used + size
-                return True
-            if index not in self._sandbox_truncated:
-                self._sandbox_truncated.add(index)
-                from nbformat.v4 import new_output
-                outs.append(new_output("stream", name="stdout", text=f"\n[sandbox] output truncated: {over}\n"))
-            return False
-
-        def output(self, outs: list, msg: dict, display_id: str | None, cell_index: int) -> Any:
-            if self.clear_before_next_output:
-                self._reset_output_count(cell_index)
-            if not self._charge(cell_index, _message_bytes(msg), outs,
-                                f"this cell printed more than {self.max_output_bytes} bytes",
-                                f"the notebook's cells printed more than {self.max_notebook_output_bytes} bytes"):
-                return None
-            return super().output(outs, msg, display_id, cell_index)
-
-        def _update_display_id(self, display_id: str, msg: dict) -> None:
-            """nbclient rewrites every earlier output carrying DISPLAY_ID (in any cell) with the new data:
-            charge the new size once per output it rewrites, to the running cell, and drop the update
-            past a cap (one large update of an id shown many times would multiply past every cap)."""
-            targets = sum(len(indices) for indices in self._display_id_map.get(display_id, {}).values())
-            index = self._current_index
-            if targets and index is not None and not self._charge(
-                    index, _message_bytes(msg) * targets, self.nb.cells[index].outputs,
-                    f"a display update would rewrite {targets} outputs, more than {self.max_output_bytes} "
-                    "bytes for this cell",
-                    f"a display update would take the notebook past {self.max_notebook_output_bytes} bytes"):
+    def _restart_and_replay(self, index: int, resources: Any) -> None:
+        """After cell INDEX ignored the timeout interrupt: restart the kernel and rerun the code cells
+        before it (outputs discarded); past ``max_kernel_restarts``, or if that fails, stop it."""
+        if self.kernel_restarts < self.max_kernel_restarts:
+            self.kernel_restarts += 1
+            try:
+                run_sync(self.km.restart_kernel)(now=True)
+                run_sync(self.kc.wait_for_ready)(timeout=60)
+                if not iopub_ready(self.kc):
+                    raise SandboxError("the restarted kernel's output channel did not come back")
+                self.km.kernel_ready()
+                for earlier, pristine in self._ran:
+                    if earlier < index:
+                        self._reset_output_count(earlier)
+                        self._execute(copy.deepcopy(pristine), resources, earlier)
+                        self._reset_output_count(earlier)
+                self.log.warning("sandbox: cell %d ignored the timeout interrupt; the kernel was restarted "
+                                 "and cells before it were run again", index)
                 return
-            super()._update_display_id(display_id, msg)
+            except Exception as exc:  # a second wedge or a failed restart: stop here
+                self.log.error("sandbox: could not restart and replay after cell %d: %s", index, exc)
+        self._stop_kernel(index, f"not run: cell {index} ignored the timeout interrupt and its kernel was killed")
 
-        def clear_output(self, outs: list, msg: dict, cell_index: int) -> None:
-            super().clear_output(outs, msg, cell_index)
-            if not msg.get("content", {}).get("wait"):
-                self._reset_output_count(cell_index)
+    def start_new_kernel_client(self) -> Any:
+        """nbclient's start (nbconvert's synchronous entry), then ``kernel_ready``."""
+        client = super().start_new_kernel_client()
+        self.km.kernel_ready()
+        return client
+
+    async def _async_poll_kernel_alive(self) -> None:
+        """nbclient's once-a-second liveness poll, plus: a cell reported idle without its
+        execute_reply (a working kernel replies first) within ``reply_grace`` s takes the kernel
+        for broken, and an input_request on stdin (off while grading) interrupts the cell."""
+        from nbclient.exceptions import DeadKernelError
+
+        while True:
+            await asyncio.sleep(1)
+            if self.kc is None:   # the client was cleaned up while this poll slept
+                return
+            try:
+                await self._async_check_alive()
+            except DeadKernelError:
+                assert self.task_poll_for_reply is not None
+                self.task_poll_for_reply.cancel()
+                return
+            if self._idle_at is not None and time.monotonic() - self._idle_at > self.reply_grace \
+                    and self.task_poll_for_reply is not None and not self.task_poll_for_reply.done():
+                self._broken = (f"the cell finished (status idle) but no execute_reply came in "
+                                f"{self.reply_grace:.0f} s")
+                self.task_poll_for_reply.cancel()
+                return
+            while True:
+                try:
+                    msg = await ensure_async(self.kc.stdin_channel.get_msg(timeout=0))
+                except Exception:    # queue.Empty: nothing waiting
+                    break
+                if msg.get("msg_type") == "input_request" and self._current_index is not None:
+                    self._input_refused.add(self._current_index)
+                    await ensure_async(self.km.interrupt_kernel())
+
+    def process_message(self, msg: dict, cell: Any, cell_index: int) -> Any:
+        """nbclient's handler of the running cell's output messages; notes when the kernel
+        reports the cell idle, for the reply check in ``_async_poll_kernel_alive``."""
+        content = msg.get("content") or {}
+        if msg.get("msg_type") == "status" and content.get("execution_state") == "idle":
+            self._idle_at = time.monotonic()
+        return super().process_message(msg, cell, cell_index)
+
+    def _reset_output_count(self, cell_index: int) -> None:
+        self._sandbox_out.pop(cell_index, None)
+        self._sandbox_truncated.discard(cell_index)
+
+    def _charge(self, index: int, size: int, outs: list, over_cell: str, over_notebook: str) -> bool:
+        """Count SIZE bytes of output against cell INDEX and the notebook; True when both caps
+        allow it. Past a cap nothing is counted and, once per cell, OUTS gets one
+        "[sandbox] output truncated" line saying which cap (OVER_CELL / OVER_NOTEBOOK)."""
+        used = self._sandbox_out.get(index, 0)
+        over = (over_cell if used + size > self.max_output_bytes else over_notebook
+                if sum(self._sandbox_out.values()) + size > self.max_notebook_output_bytes else "")
+        if not over:
+            self._sandbox_out[index] = used + size
+            return True
+        if index not in self._sandbox_truncated:
+            self._sandbox_truncated.add(index)
+            from nbformat.v4 import new_output
+            outs.append(new_output("stream", name="stdout", text=f"\n[sandbox] output truncated: {over}\n"))
+        return False
+
+    def output(self, outs: list, msg: dict, display_id: str | None, cell_index: int) -> Any:
+        if self.clear_before_next_output:
+            self._reset_output_count(cell_index)
+        if not self._charge(cell_index, _message_bytes(msg), outs,
+                            f"this cell printed more than {self.max_output_bytes} bytes",
+                            f"the notebook's cells printed more than {self.max_notebook_output_bytes} bytes"):
+            return None
+        return super().output(outs, msg, display_id, cell_index)
+
+    def _update_display_id(self, display_id: str, msg: dict) -> None:
+        """nbclient rewrites every earlier output carrying DISPLAY_ID (in any cell) with the new data:
+        charge the new size once per output it rewrites, to the running cell, and drop the update
+        past a cap (one large update of an id shown many times would multiply past every cap)."""
+        targets = sum(len(indices) for indices in self._display_id_map.get(display_id, {}).values())
+        index = self._current_index
+        if targets and index is not None and not self._charge(
+                index, _message_bytes(msg) * targets, self.nb.cells[index].outputs,
+                f"a display update would rewrite {targets} outputs, more than {self.max_output_bytes} "
+                "bytes for this cell",
+                f"a display update would take the notebook past {self.max_notebook_output_bytes} bytes"):
+            return
+        super()._update_display_id(display_id, msg)
+
+    def clear_output(self, outs: list, msg: dict, cell_index: int) -> None:
+        super().clear_output(outs, msg, cell_index)
+        if not msg.get("content", {}).get("wait"):
+            self._reset_output_count(cell_index)
 
 
 def configure_nbgrader(c: Any, limits: SandboxLimits | None = None, allow_unsafe: bool = False,
@@ -1086,27 +1062,35 @@ def configure_nbgrader(c: Any, limits: SandboxLimits | None = None, allow_unsafe
     Returns ``""``, or the unsafe warning when the sandbox is unavailable and ALLOW_UNSAFE. Never
     raises for an unavailable sandbox (kernel starts will); raises SandboxError without an Execute step.
     """
-    from nbgrader.converters.autograde import Autograde
-    from nbgrader.preprocessors import Execute
-
     c.SandboxKernelManager.limits = (limits or SandboxLimits()).to_dict()
     c.SandboxKernelManager.allow_unsafe = bool(allow_unsafe)
     c.SandboxKernelManager.extra_ro_binds = [str(p) for p in extra_ro_binds]
     c.SandboxKernelManager.devices = [str(p) for p in devices]
     if max_output_bytes is not None:
         c.SandboxExecute.max_output_bytes = int(max_output_bytes)
+    replace_execute_step(c, SandboxExecute)
+    ok, reason = sandbox_status()
+    return "" if ok or not allow_unsafe else unsafe_warning(reason)
+
+
+def replace_execute_step(c: Any, step: type) -> None:
+    """Put STEP where ``c.Autograde.autograde_preprocessors`` (nbgrader's default list when unset) has
+    its Execute step (nbgrader's Execute, a subclass or a dotted name ending in "Execute"); a step
+    that is a STEP already (a subclass: the judge's ``CourseJudge`` for SandboxExecute) stays.
+    Raises SandboxError when the list has no Execute step."""
+    from nbgrader.converters.autograde import Autograde
+
     steps = list(c.Autograde.autograde_preprocessors if "autograde_preprocessors" in c.Autograde
                  else Autograde.class_traits()["autograde_preprocessors"].default())
 
-    def is_execute(step: Any) -> bool:      # a class, or its dotted name
-        return step.rsplit(".", 1)[-1] == "Execute" if isinstance(step, str) \
-            else isinstance(step, type) and issubclass(step, Execute)
+    def is_execute(s: Any) -> bool:
+        return s.rsplit(".", 1)[-1].endswith("Execute") if isinstance(s, str) \
+            else isinstance(s, type) and issubclass(s, Execute)
 
     if not any(is_execute(s) for s in steps):
-        raise SandboxError("c.Autograde.autograde_preprocessors has no Execute step to sandbox")
-    c.Autograde.autograde_preprocessors = [SandboxExecute if is_execute(s) else s for s in steps]
-    ok, reason = sandbox_status()
-    return "" if ok or not allow_unsafe else unsafe_warning(reason)
+        raise SandboxError("c.Autograde.autograde_preprocessors has no Execute step to replace")
+    c.Autograde.autograde_preprocessors = [s if isinstance(s, type) and issubclass(s, step) else
+                                           step if is_execute(s) else s for s in steps]
 
 
 def nbgrader_config_lines(limits: SandboxLimits | None = None, allow_unsafe: bool = False,
@@ -1128,18 +1112,11 @@ def nbgrader_config_lines(limits: SandboxLimits | None = None, allow_unsafe: boo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m course_grader.sandbox status``: print whether the sandbox works (exit 0 yes, 1 no).
-    ``python -m course_grader.sandbox install``: install bubblewrap with apt if missing, then status."""
-    command = (list(sys.argv[1:] if argv is None else argv) or ["status"])[0]
-    if command not in ("status", "install"):
+    """``python -m course_grader.sandbox [status]``: print whether the sandbox works (exit 0 yes, 1
+    no, saying what is missing). ``make sandbox`` installs bubblewrap first where it can."""
+    if list(sys.argv[1:] if argv is None else argv) not in ([], ["status"]):
         print(main.__doc__)
         return 2
-    if command == "install":
-        try:
-            print(f"bwrap: {ensure_bwrap(install=True)}")
-        except SandboxUnavailableError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
     ok, reason = sandbox_status()
     print(("ok: " if ok else "unavailable: ") + reason)
     return 0 if ok else 1
