@@ -581,3 +581,17 @@ def test_a_learner_folder_whose_name_is_not_utf8_is_a_row_error(tmp_path):
     table.to_csv(tmp_path / "grades.csv", index=False)          # no UnicodeEncodeError
     assert "bad\\udcffname" in set(table.learner)
     assert driver.judge.sha256_seed(7, bad, lab) != driver.judge.sha256_seed(7, "good", lab)
+
+
+def test_the_class_projection_divides_the_measured_work_among_the_workers():
+    from course_grader.bench_grading import class_projection
+
+    table = class_projection({"04_quantization": 70.0, "01_roofline": 10.0}, throughput=1.4, learners=300,
+                             workers=10)
+    assert table.lab.tolist() == ["01_roofline", "04_quantization", "class"]
+    # 300 submissions of 10 s and of 70 s over 10 workers that each grade at 1.4x one job's rate
+    assert table.projected_wall_s.tolist() == pytest.approx([3000 / 14, 21000 / 14, 24000 / 14])
+    assert table.seconds_per_submission.iloc[-1] == 80.0
+    for bad in ({"throughput": 0.0}, {"learners": 0}, {"workers": 0}):
+        with pytest.raises(ValueError, match="positive"):
+            class_projection({"01_roofline": 10.0}, **{"throughput": 1.0, "learners": 1, "workers": 1, **bad})

@@ -2,6 +2,7 @@
 """Benchmark: what grading costs on top of running the notebooks, and what a second job buys.
 
     python -m course_grader.bench_grading [--labs 01_roofline 03_scheduling] [--copies 4] [--stock]
+                                          [--class-size N --workers W]
 
 Makes COPIES submissions of each LAB by cycling through the lab's sample submissions
 (autograder/samples/{learner}/{lab}), then, one after the other on this machine:
@@ -20,8 +21,10 @@ It prints one row per submission (plain seconds, driver seconds, their ratio), t
 overhead of the driver at ``--jobs 1`` over plain execution (per-submission grading time against
 plain time, and the whole run, which adds the course build, the merge and the feedback pages), and
 the throughput of ``--jobs 2`` over ``--jobs 1``. It exits 1 unless every submission scores the same
-in every driver run (and the stock run). Nothing is asserted about time: the figures are this
-machine's, for the autograder README.
+in every driver run (and the stock run). With ``--class-size N --workers W`` it also prints a
+projection (``class_projection``): the grading time of N learners times the measured labs on W
+workers of this machine's size, from the measured per-submission times and the ``--jobs 2``
+throughput. Nothing is asserted about time: the figures are this machine's, for the autograder README.
 """
 from __future__ import annotations
 
@@ -118,15 +121,37 @@ def stock_run(labs: list[str], batch: Path, work: Path) -> tuple[float, dict[tup
     return seconds, scores
 
 
+def class_projection(per_lab_seconds: dict[str, float], throughput: float, learners: int,
+                     workers: int) -> pd.DataFrame:
+    """A projection, not a measurement: seconds to grade LEARNERS submissions of each lab of
+    PER_LAB_SECONDS (the median grading time of one submission at ``--jobs 1``, from ``timings.csv``)
+    on WORKERS machines like this one, each grading with two jobs at THROUGHPUT times the rate of
+    one (the measured ``--jobs 2`` whole-run ratio): learners x seconds / (workers x throughput) per
+    lab, and a "class" row with the sum. The course build, the merge and the feedback pages, which
+    run once on the driver, are not in it.
+
+    Raises: ValueError for a count or a rate that is not positive."""
+    if learners < 1 or workers < 1 or throughput <= 0 or any(t <= 0 for t in per_lab_seconds.values()):
+        raise ValueError("learners, workers, the throughput and every lab's seconds must be positive")
+    rows = [(lab, t, learners * t / (workers * throughput)) for lab, t in sorted(per_lab_seconds.items())]
+    rows.append(("class", sum(t for _, t, _ in rows), sum(w for _, _, w in rows)))
+    return pd.DataFrame(rows, columns=["lab", "seconds_per_submission", "projected_wall_s"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--labs", nargs="+", default=["01_roofline", "03_scheduling"],
                         help="labs to grade (default: 01_roofline 03_scheduling)")
     parser.add_argument("--copies", type=int, default=4, help="submissions per lab (default 4)")
     parser.add_argument("--stock", action="store_true", help="also time stock serial nbgrader autograde")
+    parser.add_argument("--class-size", type=int, metavar="N", help="also project the grading time of N learners")
+    parser.add_argument("--workers", type=int, default=1, metavar="W",
+                        help="... on W machines like this one (default 1)")
     args = parser.parse_args(argv)
     if args.copies < 1:
         parser.error("--copies must be at least 1")
+    if (args.class_size is not None and args.class_size < 1) or args.workers < 1:
+        parser.error("--class-size and --workers must be at least 1")
     if WORK.exists():
         shutil.rmtree(WORK)
     batch = WORK / "submissions"
@@ -163,6 +188,14 @@ def main(argv: list[str] | None = None) -> int:
           f"(throughput {wall1 / wall2:.2f}x that of --jobs 1)")
     if stock is not None:
         print(f"stock serial nbgrader autograde:             {stock[0]:.1f} s (no sandbox, no judge)")
+    if args.class_size is not None:
+        per_lab = per.reset_index().groupby("lab").driver_s.median().to_dict()
+        projection = class_projection(per_lab, wall1 / wall2, args.class_size, args.workers)
+        print(f"\nProjection (not a measurement): {args.class_size} learners x {len(per_lab)} lab(s) on "
+              f"{args.workers} worker(s) of this size, two jobs each at {wall1 / wall2:.2f}x one job's rate; "
+              "the course build, merge and feedback are not in it:")
+        print(projection.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
+        print(f"projected wall time: {projection.projected_wall_s.iloc[-1] / 60:.1f} min")
 
     scores = {"jobs1": table1.set_index(["learner", "lab"]).score.astype(float),
               "jobs2": table2.set_index(["learner", "lab"]).score.astype(float)}
