@@ -2,7 +2,7 @@
 """Benchmark: what grading costs on top of running the notebooks, and what a second job buys.
 
     python -m course_grader.bench_grading [--labs 01_roofline 03_scheduling] [--copies 4] [--stock]
-                                          [--class-size N --workers W]
+                                          [--class-size N --workers W] [--check-cluster]
 
 Makes COPIES submissions of each LAB by cycling through the lab's sample submissions
 (autograder/samples/{learner}/{lab}), then, one after the other on this machine:
@@ -24,7 +24,8 @@ the throughput of ``--jobs 2`` over ``--jobs 1``. It exits 1 unless every submis
 in every driver run (and the stock run). With ``--class-size N --workers W`` it also prints a
 projection (``class_projection``): the grading time of N learners times the measured labs on W
 workers of this machine's size, from the measured per-submission times and the ``--jobs 2``
-throughput. Nothing is asserted about time: the figures are this machine's, for the autograder README.
+throughput; ``--check-cluster`` grades the batch once more on a Dask LocalCluster of two one-thread
+workers, as a check of that rate on the cluster path. Nothing is asserted about time: the figures are this machine's, for the autograder README.
 """
 from __future__ import annotations
 
@@ -84,10 +85,12 @@ def plain_run(batch: Path, pairs: list[tuple[str, str]], out: Path) -> dict[tupl
     return seconds
 
 
-def driver_run(batch: Path, work: Path, jobs: int) -> tuple[float, pd.DataFrame]:
-    """The grading driver on BATCH; (wall seconds, grades.csv merged with timings.csv)."""
+def driver_run(batch: Path, work: Path, jobs: int, cluster: str | None = None) -> tuple[float, pd.DataFrame]:
+    """The grading driver on BATCH, with JOBS jobs or on the Dask scheduler at CLUSTER; (wall seconds,
+    grades.csv merged with timings.csv)."""
+    where = ["--jobs", str(jobs)] if cluster is None else ["--cluster", cluster]
     start = time.monotonic()
-    code = subprocess.call([sys.executable, "-m", "course_grader.grade", str(batch), "--jobs", str(jobs),
+    code = subprocess.call([sys.executable, "-m", "course_grader.grade", str(batch), *where,
                             "--work", str(work), "--seed", str(SEED)], stdout=subprocess.DEVNULL)
     seconds = time.monotonic() - start
     if code != 0:
@@ -147,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--class-size", type=int, metavar="N", help="also project the grading time of N learners")
     parser.add_argument("--workers", type=int, default=1, metavar="W",
                         help="... on W machines like this one (default 1)")
+    parser.add_argument("--check-cluster", action="store_true",
+                        help="also grade the batch on a Dask LocalCluster of two one-thread workers (this machine "
+                             "as a one-worker class), to check the projection's --jobs 2 rate")
     args = parser.parse_args(argv)
     if args.copies < 1:
         parser.error("--copies must be at least 1")
@@ -169,6 +175,14 @@ def main(argv: list[str] | None = None) -> int:
         runs[jobs] = driver_run(batch, WORK / f"driver_jobs{jobs}", jobs)
         print(f"  {runs[jobs][0]:.1f} s", flush=True)
     stock = stock_run(args.labs, batch, WORK / "stock") if args.stock else None
+    local = None
+    if args.check_cluster:
+        from distributed import LocalCluster
+
+        print("driver: course_grader.grade --cluster on a LocalCluster (2 workers, 1 thread each) ...", flush=True)
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+            local = driver_run(batch, WORK / "driver_local_cluster", 1, cluster=cluster.scheduler_address)
+        print(f"  {local[0]:.1f} s", flush=True)
 
     wall1, table1 = runs[1]
     wall2, table2 = runs[2]
@@ -196,9 +210,15 @@ def main(argv: list[str] | None = None) -> int:
               "the course build, merge and feedback are not in it:")
         print(projection.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
         print(f"projected wall time: {projection.projected_wall_s.iloc[-1] / 60:.1f} min")
+    if local is not None:
+        predicted = float(per.driver_s.sum()) / (wall1 / wall2)
+        print(f"check: this batch on a LocalCluster, whole run {local[0]:.1f} s; the projection's rate predicts "
+              f"{predicted:.1f} s of grading for it (the --jobs 2 whole run took {wall2:.1f} s)")
 
     scores = {"jobs1": table1.set_index(["learner", "lab"]).score.astype(float),
               "jobs2": table2.set_index(["learner", "lab"]).score.astype(float)}
+    if local is not None:
+        scores["local_cluster"] = local[1].set_index(["learner", "lab"]).score.astype(float)
     if stock is not None:
         scores["stock"] = pd.Series(stock[1])
     compared = pd.DataFrame(scores)
