@@ -74,15 +74,20 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# $(call apt_install,PACKAGE): a shell step that installs PACKAGE with apt-get (again after an
+# apt-get update if the first try fails) when run as root where apt-get exists, and says so;
+# elsewhere it does nothing. The system packages the tests and the sandbox need come this way.
+apt_install = if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "make $@: installing $(1) (apt-get install -y $(1))"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q $(1) >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q $(1) >/dev/null; } \
+	    || echo "make $@: apt-get could not install $(1)"; \
+	fi
+
 # Grading runs learner code inside bubblewrap (course_grader.sandbox); on Debian/Ubuntu as root
 # this installs it with apt when missing, then says whether the sandbox works and, if not, why.
 sandbox: setup
-	@if ! command -v bwrap >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "make sandbox: installing bubblewrap (apt-get install -y bubblewrap)"; \
-	  export DEBIAN_FRONTEND=noninteractive; \
-	  apt-get install -y -q bubblewrap >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; } \
-	    || echo "make sandbox: apt-get could not install bubblewrap"; \
-	fi
+	@command -v bwrap >/dev/null || { $(call apt_install,bubblewrap); }
 	@$(BIN)/python -m course_grader.sandbox status || echo "sandbox unavailable here: grading refuses to run \
 	learner code unless you accept the risk with GRADE_ARGS=--unsafe-no-sandbox"
 
@@ -154,12 +159,7 @@ CHROMIUM_NOTE := make test-browser: chromium is missing ($(CHROMIUM)); install i
 	(Debian/Ubuntu, as root) or point CHROMIUM at one: the browser tests skip without it
 test-browser: setup
 	@if [ ! -x "$(CHROMIUM)" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "make test-browser: installing Debian's chromium (apt-get install -y chromium)"; \
-	    export DEBIAN_FRONTEND=noninteractive; \
-	    apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } \
-	      || echo "make test-browser: apt-get could not install chromium"; \
-	  fi; \
+	  $(call apt_install,chromium); \
 	  [ -x "$(CHROMIUM)" ] || echo "$(CHROMIUM_NOTE)"; \
 	fi
 	COURSE_BROWSER_TESTS=1 COURSE_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests/browser -m browser -q -rs -p no:cacheprovider

@@ -1084,10 +1084,12 @@ def test_judged_sandbox_execute(tmp_path):
 
 def test_read_verdicts_keeps_records_where_they_belong_and_lists_the_disagreements(tmp_path):
     record = {"student": "ann", "assignment": "01_roofline", "notebook": "01_roofline", "cells": [
-        {"grade_id": "a", "status": "failed", "in_kernel_passed": True, "message": "MFU left out", "points": 2},
-        {"grade_id": "b", "status": "passed", "in_kernel_passed": False, "message": "", "points": 3},
-        {"grade_id": "c", "status": "passed", "in_kernel_passed": True, "message": "", "points": 1},
-        {"grade_id": "d", "status": "unjudged", "in_kernel_passed": True, "message": "", "points": 1},
+        {"grade_id": "a", "status": "failed", "in_kernel_passed": True, "message": "MFU left out", "points": 2,
+         "disagrees": True},
+        {"grade_id": "b", "status": "passed", "in_kernel_passed": False, "message": "", "points": 3, "disagrees": True},
+        {"grade_id": "c", "status": "passed", "in_kernel_passed": True, "message": "", "points": 1, "disagrees": False},
+        {"grade_id": "d", "status": "unjudged", "in_kernel_passed": True, "message": "", "points": 1,
+         "disagrees": False},
     ]}
     path = tmp_path / "autograded" / "ann" / "01_roofline" / ("01_roofline" + judge.VERDICT_SUFFIX)
     path.parent.mkdir(parents=True)

@@ -25,7 +25,8 @@ in every driver run (and the stock run). With ``--class-size N --workers W`` it 
 projection (``class_projection``): the grading time of N learners times the measured labs on W
 workers of this machine's size, from the measured per-submission times and the ``--jobs 2``
 throughput; ``--check-cluster`` grades the batch once more on a Dask LocalCluster of two one-thread
-workers, as a check of that rate on the cluster path. Nothing is asserted about time: the figures are this machine's, for the autograder README.
+workers, as a check of that rate on the cluster path. Nothing is asserted about time: the figures
+are this machine's, for the autograder README.
 """
 from __future__ import annotations
 
@@ -186,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 
     wall1, table1 = runs[1]
     wall2, table2 = runs[2]
+    throughput = wall1 / wall2         # of --jobs 2 over --jobs 1, whole runs
     rows = table1.set_index(["learner", "lab"])
     per = pd.DataFrame({"plain_s": pd.Series(plain), "driver_s": rows["seconds"], "score": rows["score"]})
     per.index.names = ["learner", "lab"]
@@ -199,19 +201,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"driver --jobs 1, whole run:                  {wall1:.1f} s "
           f"(overhead {wall1 / plain_total - 1:+.0%}: also the course build, merge, feedback, export)")
     print(f"driver --jobs 2, whole run:                  {wall2:.1f} s "
-          f"(throughput {wall1 / wall2:.2f}x that of --jobs 1)")
+          f"(throughput {throughput:.2f}x that of --jobs 1)")
     if stock is not None:
         print(f"stock serial nbgrader autograde:             {stock[0]:.1f} s (no sandbox, no judge)")
     if args.class_size is not None:
         per_lab = per.reset_index().groupby("lab").driver_s.median().to_dict()
-        projection = class_projection(per_lab, wall1 / wall2, args.class_size, args.workers)
+        projection = class_projection(per_lab, throughput, args.class_size, args.workers)
         print(f"\nProjection (not a measurement): {args.class_size} learners x {len(per_lab)} lab(s) on "
-              f"{args.workers} worker(s) of this size, two jobs each at {wall1 / wall2:.2f}x one job's rate; "
+              f"{args.workers} worker(s) of this size, two jobs each at {throughput:.2f}x one job's rate; "
               "the course build, merge and feedback are not in it:")
         print(projection.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
         print(f"projected wall time: {projection.projected_wall_s.iloc[-1] / 60:.1f} min")
     if local is not None:
-        predicted = float(per.driver_s.sum()) / (wall1 / wall2)
+        predicted = float(per.driver_s.sum()) / throughput
         print(f"check: this batch on a LocalCluster, whole run {local[0]:.1f} s; the projection's rate predicts "
               f"{predicted:.1f} s of grading for it (the --jobs 2 whole run took {wall2:.1f} s)")
 

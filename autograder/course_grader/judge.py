@@ -73,7 +73,7 @@ contracts = _Lazy("course_lib.grading.contracts")
 
 __all__ = ["HARNESS", "JudgeError", "KernelDied", "KernelWedged", "ProtocolError", "LearnerFault",
            "LearnerRaised", "CallTimeout", "KernelSession", "RemoteFunction", "CheckCall", "UnsupportedCell",
-           "parse_test_cell", "judge_cell", "redact", "judge_seed", "derived_seed", "sha256_seed", "learner_exception",
+           "parse_test_cell", "judge_cell", "judge_seed", "derived_seed", "sha256_seed", "learner_exception",
            "CourseJudge", "configure_nbgrader", "nbgrader_config_lines", "disagreements",
            "read_verdicts", "VERDICT_SUFFIX"]
 
@@ -1041,11 +1041,11 @@ def disagreements(records: list[dict]) -> list[dict]:
     judge's differ, one dict each: learner, lab (assignment), notebook, cell, points, in_kernel
     (passed/failed), judge (status), score, message. The score is 0: either the kernel failed the
     cell, or the judge did not pass it and ``CourseJudge`` put an error output in it. Scores come
-    from the autograded notebook alone; these records only explain them (the driver's flags)."""
+    from the autograded notebook alone; these records only explain them (the driver's flags). The
+    rule is ``CourseJudge``'s, stored in each verdict as ``disagrees``."""
     return [{"learner": record.get("student"), "lab": record.get("assignment"), "notebook": record.get("notebook"),
              "cell": verdict.get("grade_id"), "points": verdict.get("points"),
              "in_kernel": PASSED if verdict.get("in_kernel_passed") else FAILED, "judge": verdict.get("status"),
              "score": 0.0, "message": verdict.get("message", "")}
-            for record in records for verdict in record.get("cells", []) if isinstance(verdict, dict)
-            and verdict.get("status") in (PASSED, FAILED, ERROR)
-            and bool(verdict.get("in_kernel_passed")) != (verdict.get("status") == PASSED)]
+            for record in records for verdict in record.get("cells", [])
+            if isinstance(verdict, dict) and verdict.get("disagrees") is True]

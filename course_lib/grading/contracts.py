@@ -54,7 +54,7 @@ class ContractError(AssertionError):
     ``str(err)`` is the record the grader keeps: the first line of ``what`` (followed by
     ``"; " + hint`` when no diagnosis was found), the rest of ``what``, the diagnosis, the caveat.
     The lab tables' symptom regexes search it, and the judge's redaction of a hidden check keeps
-    its first line and its Diagnosis lines (``course_grader.judge.redact``), so lines that show
+    its first line and its Diagnosis lines (``course_grader.preprocessors.redact``), so lines that show
     drawn inputs or reference values never come after the diagnosis. A diagnosed error leaves
     the hint out of ``str(err)``: the diagnosis is the explanation.
 
