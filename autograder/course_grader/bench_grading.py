@@ -143,7 +143,7 @@ def class_projection(per_lab_seconds: dict[str, float], throughput: float, learn
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m course_grader.bench_grading", description=__doc__.splitlines()[0])
     parser.add_argument("--labs", nargs="+", default=["01_roofline", "03_scheduling"],
                         help="labs to grade (default: 01_roofline 03_scheduling)")
     parser.add_argument("--copies", type=int, default=4, help="submissions per lab (default 4)")
@@ -159,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--copies must be at least 1")
     if (args.class_size is not None and args.class_size < 1) or args.workers < 1:
         parser.error("--class-size and --workers must be at least 1")
+    if (args.class_size is not None or args.check_cluster) and len(args.labs) * args.copies < 2:
+        parser.error("the projection's --jobs 2 rate needs at least two submissions (more --copies or --labs)")
     if WORK.exists():
         shutil.rmtree(WORK)
     batch = WORK / "submissions"

@@ -1114,8 +1114,9 @@ def nbgrader_config_lines(limits: SandboxLimits | None = None, allow_unsafe: boo
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m course_grader.sandbox [status]``: print whether the sandbox works (exit 0 yes, 1
     no, saying what is missing). ``make sandbox`` installs bubblewrap first where it can."""
-    if list(sys.argv[1:] if argv is None else argv) not in ([], ["status"]):
-        print(main.__doc__)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args not in ([], ["status"]):
+        print(f"unknown command {' '.join(args)!r}: {main.__doc__}", file=sys.stderr)
         return 2
     ok, reason = sandbox_status()
     print(("ok: " if ok else "unavailable: ") + reason)
