@@ -16,6 +16,12 @@ That metadata is the one home of a lab's exercise list:
   it stops the cell at once with an ``ExerciseNeeded`` error that names the function, instead of
   a long computation followed by a ``NotImplementedError``, or a ``NameError`` in a later cell.
 
+Each code cell also declares its *role* with one Jupyter tag (``ROLES``): ``setup`` (imports and
+the objects a check uses), ``exercise`` (the solution cells), ``check`` (the graded test cells) or
+``demonstration`` (tables, plots, sweeps and measurements that teach but are not graded). The
+grader runs every cell but the demonstrations (``course_grader.preprocessors.SkipDemonstrations``);
+``cell_roles(nb)`` reads and validates the tags, ``bound_names(source)`` says what a cell defines.
+
 The notebook format is read as plain JSON (``nb["cells"]``, each with ``cell_type``, ``source`` as a
 string or a list of lines, ``metadata``), so an ``nbformat`` node and ``json.load`` output both work.
 """
@@ -32,7 +38,7 @@ from numbers import Real
 from typing import Any, Mapping
 
 __all__ = ["Exercise", "ExerciseNeeded", "exercises", "points_table", "requires", "is_unsolved_stub",
-           "parse_python"]
+           "parse_python", "ROLES", "cell_roles", "bound_names"]
 
 _HEADING = re.compile(r"^##\s+(\d+)\.", re.MULTILINE)   # "## 4. Prefill: ..." -> section "4"
 
@@ -175,6 +181,85 @@ def exercises(nb: Mapping) -> tuple[Exercise, ...]:
     return tuple(Exercise(number=i, cell=e["cell"], functions=e["functions"], tests=tuple(e["tests"]),
                           points=_plain(sum(e["points"])), section=e["section"])
                  for i, e in enumerate(found, start=1))
+
+
+#: The role tags of a lab notebook's code cells, one per cell (see the module docstring).
+ROLES = ("setup", "exercise", "check", "demonstration")
+
+
+def cell_roles(nb: Mapping) -> list[str | None]:
+    """The role of each cell of a lab notebook (None for a markdown or raw cell), from its tags.
+
+    Args:
+        nb: a notebook as JSON (a dict with ``cells``) or an ``nbformat`` node.
+
+    Raises:
+        TypeError: ``nb`` has no ``cells`` list.
+        ValueError: a code cell with no role tag or with more than one, or one whose role
+            disagrees with its nbgrader metadata (a solution cell is an ``exercise``, a graded
+            test cell a ``check``, and no other cell is either).
+    """
+    cells = nb.get("cells") if isinstance(nb, Mapping) else None
+    if not isinstance(cells, list):
+        raise TypeError(f"nb must be a notebook (a mapping with a 'cells' list), got {type(nb).__name__}")
+    roles: list[str | None] = []
+    for index, cell in enumerate(cells):
+        if cell.get("cell_type") != "code":
+            roles.append(None)
+            continue
+        tags = [t for t in ((cell.get("metadata") or {}).get("tags") or []) if t in ROLES]
+        if len(tags) != 1:
+            raise ValueError(f"code cell {index} has role tags {tags}: exactly one of {', '.join(ROLES)} is needed")
+        meta = _nbgrader(cell)
+        expected = "exercise" if meta.get("solution") else "check" if meta.get("grade") else None
+        if (expected or "") != (tags[0] if tags[0] in ("exercise", "check") else ""):
+            what = f"nbgrader marks it a {'solution' if expected == 'exercise' else 'graded test'} cell" \
+                if expected else "it is not an nbgrader solution or graded test cell"
+            raise ValueError(f"code cell {index} is tagged {tags[0]!r} but {what}")
+        roles.append(tags[0])
+    return roles
+
+
+def bound_names(source: str) -> frozenset[str]:
+    """The global names a code cell's SOURCE binds when it runs: assignment targets (walrus, ``for``,
+    ``with ... as`` and ``except ... as`` included), ``def``, ``class`` and ``import``. Names local to
+    a function, class body, lambda or comprehension are not global and are left out; so are
+    IPython magics (lines starting with ``%`` or ``!``).
+
+    Raises:
+        SyntaxError: SOURCE is not Python.
+    """
+    lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]
+    names: set[str] = set()
+
+    class Binder(ast.NodeVisitor):
+        def visit_Name(self, node: ast.Name) -> None:
+            if isinstance(node.ctx, (ast.Store, ast.Del)):
+                names.add(node.id)
+
+        def visit_alias(self, node: ast.alias) -> None:
+            if node.name != "*":
+                names.add(node.asname or node.name.partition(".")[0])
+
+        def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
+            if node.name:
+                names.add(node.name)
+            self.generic_visit(node)
+
+        def _defines(self, node) -> None:           # its name is global, its body is not
+            names.add(node.name)
+            for child in (*node.decorator_list, *getattr(node, "bases", ()), *getattr(node, "keywords", ())):
+                self.visit(child)
+
+        visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _defines
+
+        def _local(self, node) -> None:
+            pass
+
+        visit_Lambda = visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _local
+
+    Binder().visit(parse_python("\n".join(lines)))
+    return frozenset(names)
 
 
 def _plain(value: float) -> float:

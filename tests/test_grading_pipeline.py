@@ -22,6 +22,8 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from course_grader.preprocessors import SKIPPED_NOTE
+
 # Runs notebooks through nbgrader (about 100 s on 2 cores). The module-scoped fixture
 # below grades once per process: under pytest-xdist use `--dist loadgroup` (or
 # loadscope/loadfile) so one worker runs all of these tests instead of each grading.
@@ -57,9 +59,14 @@ ANSWERS = {
               "    return a + b"),
     "gina": "import os\ndef add(a, b):\n    os._exit(1)  # kills the kernel",
     "hank": "import os\ndef add(a, b):\n    if a < 0:\n        os._exit(1)  # dies in the hidden test only\n    return a + b",
+    "ivy": "def add(a, b):\n    return a + b + OFFSET - OFFSET   # OFFSET: defined by the demonstration only",
+    "jack": "def add(a, b):\n    return a + b",     # and edits the demonstration (EDITED_DEMONSTRATION)
 }
 EXPECTED_TOTALS = {"alice": 3, "bob": 0, "carol": 1, "dave": 3, "eve": 0, COMMA_LEARNER: 3, "frank": 1, "gina": 0,
-                   "hank": 1}
+                   "hank": 1, "ivy": 0, "jack": 3}
+# A demonstration cell (skipped by the grader: course_grader.preprocessors.SkipDemonstrations)
+DEMONSTRATION = "OFFSET = 100\nprint('the demonstration ran:', add(OFFSET, 1))"
+EDITED_DEMONSTRATION = "print('the edited demonstration ran:', add(1, 1))"   # jack's: a cell of his own, run
 
 
 def load_driver():
@@ -73,7 +80,7 @@ def nbgrader_meta(grade=False, solution=False, locked=False, grade_id="", points
             "schema_version": 3, "grade_id": grade_id}
     if grade:
         meta["points"] = points
-    return {"nbgrader": meta}
+    return {"nbgrader": meta, "tags": ["exercise" if solution else "check"]}
 
 
 def write_source(root: Path) -> Path:
@@ -84,6 +91,7 @@ def write_source(root: Path) -> Path:
         new_code_cell(SOLUTION, metadata=nbgrader_meta(solution=True, grade_id="add")),
         new_code_cell(VISIBLE_TEST, metadata=nbgrader_meta(grade=True, locked=True, grade_id="test_visible", points=1)),
         new_code_cell(HIDDEN_TEST, metadata=nbgrader_meta(grade=True, locked=True, grade_id="test_hidden", points=2)),
+        new_code_cell(DEMONSTRATION, metadata={"tags": ["demonstration"]}),
     ]
     path = root / "solutions" / LAB / f"{LAB}.ipynb"
     path.parent.mkdir(parents=True)
@@ -114,6 +122,9 @@ def write_submissions(release: Path, folder: Path) -> None:
         if body is not None:
             (cell,) = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "add"]
             cell.source = body
+        if learner == "jack":
+            (demo,) = [c for c in nb.cells if c.source == DEMONSTRATION]
+            demo.source = EDITED_DEMONSTRATION
         path = folder / learner / LAB / f"{LAB}.ipynb"
         path.parent.mkdir(parents=True)
         nbformat.write(nb, path)
@@ -283,6 +294,31 @@ def test_feedback_and_inputs(pipeline):
     root = pipeline["root"]
     # the driver never writes into the submissions, the source or the committed release
     assert snapshot(pipeline["submissions"], root / "solutions", root / "release") == pipeline["before"]
+
+
+def _outputs_text(cell) -> str:
+    return "".join(o.get("text", "") + o.get("evalue", "") for o in cell.outputs)
+
+
+def test_demonstrations_are_not_run_and_a_solution_that_needs_one_is_told(pipeline):
+    """The source's demonstration cell is not run (alice's autograded copy shows the grader's note
+    in its place); one the learner edited runs as their own cell (jack's); and ivy's add, which reads
+    a name only the demonstration binds, fails with an error that names it and that cell, in the
+    notebook and in the feedback."""
+    course = pipeline["work1"] / "course"
+
+    def autograded(learner):
+        return nbformat.read(course / "autograded" / learner / LAB / f"{LAB}.ipynb", as_version=4)
+
+    (demo,) = [c for c in autograded("alice").cells if c.source == DEMONSTRATION]
+    assert _outputs_text(demo) == SKIPPED_NOTE
+    (edited,) = [c for c in autograded("jack").cells if c.source == EDITED_DEMONSTRATION]
+    assert "the edited demonstration ran: 2" in _outputs_text(edited)
+    named = "`OFFSET` is defined only by a demonstration cell (`OFFSET = 100`), which grading does not run"
+    tests = [c for c in autograded("ivy").cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert len(tests) == 2 and all(named in _outputs_text(c) for c in tests)
+    page = html.unescape(re.sub(r"<[^>]+>", "", (course / "feedback" / "ivy" / LAB / f"{LAB}.html").read_text()))
+    assert named in page and "Exercises must not depend on demonstration cells" in page
 
 
 # ---- fast checks, no notebook execution ----------------------------------------------

@@ -1,5 +1,6 @@
 """The course's scoring rule on nbgrader's own grade function: a graded test cell scores from its
 errors only (the judge adds one when it disagrees), whatever the learner's code displays."""
+import pytest
 from nbformat.v4 import new_code_cell, new_output
 from nbgrader.utils import determine_grade
 from nbgrader.preprocessors import Execute
@@ -47,3 +48,96 @@ def test_the_course_config_applies_the_rule_between_execute_and_saving(tmp_path)
     execute = next(i for i, step in enumerate(c.Autograde.autograde_preprocessors)
                    if isinstance(step, type) and issubclass(step, Execute))
     assert execute < rule < save
+
+
+# -- demonstrations: left unrun by the grader, and named when learner code needs one -------------
+def _course_with_source(tmp_path, cells) -> Config:
+    """A course root whose source notebook of lab 01_demo holds CELLS; the config nbgrader's
+    preprocessors read it through (CourseDirectory)."""
+    import nbformat
+
+    path = tmp_path / "source" / "01_demo" / "01_demo.ipynb"
+    path.parent.mkdir(parents=True)
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
+    c = Config()
+    c.CourseDirectory.root = str(tmp_path)
+    c.CourseDirectory.source_directory = "source"
+    return c
+
+
+def _tagged(source, role, **nbgrader):
+    return new_code_cell(source, metadata={"tags": [role], **({"nbgrader": nbgrader} if nbgrader else {})})
+
+
+RESOURCES = {"nbgrader": {"assignment": "01_demo", "notebook": "01_demo"}}
+SOURCE_CELLS = [_tagged("import math", "setup"),
+                _tagged("def f():\n    return TABLE", "exercise", solution=True, grade=False, grade_id="f"),
+                _tagged("TABLE = [1, 2]  \nprint(TABLE)\n", "demonstration"),
+                _tagged("assert f() == 2", "check", grade=True, solution=False, grade_id="test_f", points=1)]
+
+
+def _submission(*changes):
+    from nbformat.v4 import new_notebook
+
+    nb = new_notebook(cells=[new_code_cell(c.source, metadata=dict(c.metadata)) for c in SOURCE_CELLS])
+    for change in changes:
+        change(nb)
+    return nb
+
+
+def test_demonstrations_are_skipped_by_the_source_roles_not_the_submissions_tags(tmp_path):
+    config = _course_with_source(tmp_path, SOURCE_CELLS)
+
+    def retag(nb):          # the learner tags the set-up and the check "demonstration": ignored
+        for cell in (nb.cells[0], nb.cells[3]):
+            cell.metadata["tags"] = ["demonstration"]
+        nb.cells[2].metadata["tags"] = ["setup"]
+        nb.cells[2].source = "TABLE = [1, 2]\nprint(TABLE)"   # trailing spaces aside, the same source
+    nb, resources = preprocessors.SkipDemonstrations(config=config).preprocess(_submission(retag), dict(RESOURCES))
+    skipped = [i for i, c in enumerate(nb.cells) if preprocessors.SKIP_TAG in c.metadata.get("tags", [])]
+    assert skipped == [2] and nb.cells[2].outputs[0]["text"] == preprocessors.SKIPPED_NOTE
+    assert resources["skipped_demonstrations"] == {"TABLE": "TABLE = [1, 2]"}
+
+    def edit(nb):           # an edited demonstration, and one moved into a solution cell, both run
+        nb.cells[2].source = "TABLE = [1, 2, 3]\nprint(TABLE)"
+        nb.cells.insert(1, new_code_cell(SOURCE_CELLS[2].source, metadata={"nbgrader": {"solution": True}}))
+    nb, resources = preprocessors.SkipDemonstrations(config=config).preprocess(_submission(edit), dict(RESOURCES))
+    assert not any(preprocessors.SKIP_TAG in c.metadata.get("tags", []) for c in nb.cells)
+    assert resources["skipped_demonstrations"] == {}
+
+
+def test_a_source_without_roles_skips_nothing_and_one_with_bad_roles_is_refused(tmp_path):
+    untagged = [new_code_cell(c.source, metadata={k: v for k, v in c.metadata.items() if k != "tags"})
+                for c in SOURCE_CELLS]
+    config = _course_with_source(tmp_path / "a", untagged)
+    nb, resources = preprocessors.SkipDemonstrations(config=config).preprocess(_submission(), dict(RESOURCES))
+    assert resources["skipped_demonstrations"] == {} and all(not c.outputs for c in nb.cells)
+    config = _course_with_source(tmp_path / "b", [*SOURCE_CELLS, new_code_cell("x = 1")])
+    with pytest.raises(ValueError, match="cell roles of the source notebook.*code cell 4 has role tags"):
+        preprocessors.SkipDemonstrations(config=config).preprocess(_submission(), dict(RESOURCES))
+    with pytest.raises(ValueError, match="cell roles of the source notebook"):
+        preprocessors.SkipDemonstrations(config=config).preprocess(_submission(), {"nbgrader": {
+            "assignment": "02_missing", "notebook": "02_missing"}})
+
+
+def test_a_name_error_on_a_skipped_demonstrations_name_says_so():
+    error = new_output("error", ename="NameError", evalue="name 'TABLE' is not defined",
+                       traceback=["\x1b[0;31mNameError\x1b[0m: name 'TABLE' is not defined"])
+    other = new_output("error", ename="NameError", evalue="name 'tabel' is not defined", traceback=[])
+    nb = _submission()
+    nb.cells[3].outputs = [error, other]
+    resources = {"skipped_demonstrations": {"TABLE": "TABLE = [1, 2]"}}
+    nb, _ = preprocessors.NameSkippedDemonstrations().preprocess(nb, resources)
+    named = "`TABLE` is defined only by a demonstration cell (`TABLE = [1, 2]`), which grading does not run."
+    assert named in nb.cells[3].outputs[0]["evalue"] and named in nb.cells[3].outputs[0]["traceback"][-1]
+    assert nb.cells[3].outputs[1]["evalue"] == "name 'tabel' is not defined"      # not a demonstration's name
+    assert determine_grade(nb.cells[3])[0] == 0
+
+
+def test_the_course_config_skips_demonstrations_before_execute_and_names_them_after():
+    c = Config()
+    configure(c, "/nonexistent")
+    steps = list(c.Autograde.autograde_preprocessors)
+    execute = next(i for i, s in enumerate(steps) if isinstance(s, type) and issubclass(s, Execute))
+    assert steps.index(preprocessors.SkipDemonstrations) < execute < steps.index(
+        preprocessors.NameSkippedDemonstrations) < steps.index(next(s for s in steps if s.__name__ == "SaveAutoGrades"))

@@ -1132,7 +1132,8 @@ def test_configure_nbgrader_puts_the_judge_in_the_execute_step_in_either_order()
 @pytest.mark.slow
 def test_nbgrader_autograde_with_the_judge(tmp_path):
     """Stock `nbgrader autograde` with the judge configured: a tampering learner scores 0 on the
-    test it tampered with, the test source comes from the gradebook, and the driver step flags it."""
+    test it tampered with, the test source comes from the gradebook, and the driver step flags it.
+    The source's demonstration cell (which would kill the kernel) is not run."""
     course = tmp_path / "course"
     lab = "01_judge"
     source = course / "source" / lab
@@ -1145,8 +1146,12 @@ def test_nbgrader_autograde_with_the_judge(tmp_path):
         "    ### END SOLUTION",
         metadata={"nbgrader": {"grade": False, "grade_id": "prefill", "locked": False, "schema_version": 3,
                                "solution": True, "task": False}})
-    nb = nbformat.v4.new_notebook(cells=[setup, solution, _graded(PREFILL_CELL.format(fn="prefill_time"),
-                                                                  "test_prefill", 2)])
+    # a demonstration that would kill the kernel before the test: stock autograde must skip it
+    demonstration = nbformat.v4.new_code_cell("import os\nos._exit(1)", metadata={"tags": ["demonstration"]})
+    test = _graded(PREFILL_CELL.format(fn="prefill_time"), "test_prefill", 2)
+    for cell, role in ((setup, "setup"), (solution, "exercise"), (test, "check")):
+        cell.metadata["tags"] = [role]
+    nb = nbformat.v4.new_notebook(cells=[setup, solution, demonstration, test])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, str(source / f"{lab}.ipynb"))
     (course / "nbgrader_config.py").write_text("\n".join([
@@ -1199,6 +1204,7 @@ def test_nbgrader_autograde_with_the_judge(tmp_path):
         nb = nbformat.read(str(course / "autograded" / learner / lab / f"{lab}.ipynb"), as_version=4)
         return [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
 
+    assert preprocessors.SKIPPED_NOTE in [o.get("text") for o in outputs("honest")]   # the demonstration
     # the autograded notebook was written (stock nbgrader deletes it when writing fails) and shows
     # the failure; ipykernel itself may replace a message it cannot encode by its encoding error
     errors = [o.evalue for o in outputs("surrogate") if o.output_type == "error"]

@@ -7,8 +7,11 @@
   so that it stops at once, naming the exercise, when that function is not written yet.
 - ``requires`` and ``is_unsolved_stub`` tell nbgrader's release stubs from solved functions, on
   the real cells of every lab.
+- Every code cell declares one role (``course_lib.exercises.cell_roles``), and what grading runs
+  (set-up, exercises, checks) reads nothing that only a demonstration binds.
 """
 import ast
+import builtins
 import inspect
 import re
 import textwrap
@@ -19,8 +22,8 @@ import torch
 
 from course_grader.samples import ROOT, labs, tables
 from course_grader.samples import test_points as points_per_test   # not a test: renamed for pytest
-from course_lib.exercises import (Exercise, ExerciseNeeded, exercises, is_unsolved_stub, parse_python, points_table,
-                                   requires)
+from course_lib.exercises import (Exercise, ExerciseNeeded, bound_names, cell_roles, exercises, is_unsolved_stub,
+                                   parse_python, points_table, requires)
 
 LABS = labs()
 STUB = "    # YOUR CODE HERE\n    raise NotImplementedError()"   # nbgrader's code stub (course_grader.config)
@@ -287,3 +290,64 @@ def test_a_partly_written_function_is_not_a_stub():
 def test_requires_refuses_bad_names(bad, error):
     with pytest.raises(error):
         requires(*bad, namespace={})
+
+
+# -- cell roles: what the grader runs (set-up, exercises, checks) and skips (demonstrations) ------
+def _reads(source: str) -> set[str]:
+    """Names SOURCE reads that it does not bind anywhere itself (its functions' parameters and
+    locals included) and that are not builtins: what it needs from other cells."""
+    tree = parse_python(source)
+    loads = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    local = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    local |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments)
+              for a in (*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg) if a is not None}
+    return loads - local - bound_names(source) - set(dir(builtins))
+
+
+@pytest.mark.parametrize("kind", ["solution", "release"])
+@pytest.mark.parametrize("lab", LABS)
+def test_every_code_cell_declares_one_role_that_agrees_with_nbgrader(lab, kind):
+    roles = cell_roles(_notebook(kind, lab))
+    assert "setup" in roles and "demonstration" in roles
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_what_grading_runs_needs_nothing_from_a_demonstration(lab):
+    """The cells grading runs (set-up, exercises, checks) read only names those cells bind, and
+    the set-up binds every notebook object a check's contract names (``Contract.objects``)."""
+    nb = _notebook("solution", lab)
+    graded = [(i, c.source) for i, (c, role) in enumerate(zip(nb.cells, cell_roles(nb))) if role in
+              ("setup", "exercise", "check")]
+    bound = set().union(*(bound_names(source) for _, source in graded))
+    for index, source in graded:
+        assert not _reads(source) - bound, f"cell {index} reads {sorted(_reads(source) - bound)}, which only " \
+            "demonstration cells bind"
+    setup = set().union(*(bound_names(c.source) for c, role in zip(nb.cells, cell_roles(nb)) if role == "setup"))
+    for contract in tables(lab).CONTRACTS:
+        assert set(contract.objects) <= setup, f"{contract.test} needs {sorted(contract.objects)} from the set-up"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda cell: cell.metadata.pop("tags"), "exactly one"),
+    (lambda cell: cell.metadata.update(tags=["setup", "demonstration"]), "exactly one"),
+    (lambda cell: cell.metadata.update(tags=["check"]), "not an nbgrader solution or graded test cell"),
+])
+def test_cell_roles_refuses_a_missing_doubled_or_wrong_role(change, message):
+    nb = _toy_notebook()
+    roles = {"import math": "setup"}
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            meta = cell.metadata.get("nbgrader", {})
+            cell.metadata["tags"] = ["exercise" if meta.get("solution") else "check" if meta.get("grade")
+                                     else roles[cell.source]]
+    assert cell_roles(nb)[1] == "setup"
+    change(nb.cells[1])
+    with pytest.raises(ValueError, match=message):
+        cell_roles(nb)
+
+
+def test_bound_names_are_the_globals_a_cell_binds():
+    source = ("import os.path, numpy as np\nfrom a import b as c\nx, (y, z) = 1, (2, 3)\nfor i in range(3): j = i\n"
+              "def f(a=k): q = 1\nclass K: r = 2\n[w for w in range(3)]\nwith open('x') as fh: pass\n"
+              "try: pass\nexcept E as e: pass\nif (n := 3): m = 4\n%timeit f(1)")
+    assert bound_names(source) == {"os", "np", "c", "x", "y", "z", "i", "j", "f", "K", "fh", "e", "n", "m"}

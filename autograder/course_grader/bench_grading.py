@@ -7,9 +7,9 @@
 Makes COPIES submissions of each LAB by cycling through the lab's sample submissions
 (autograder/samples/{learner}/{lab}), then, one after the other on this machine:
 
-1. plain: each submission executed alone by ``jupyter nbconvert --execute`` in quick mode
-   (COURSE_QUICK=1, as the driver runs them), with every core's math threads, no sandbox, no
-   judge, no nbgrader; one at a time;
+1. plain: each submission executed alone, every cell (demonstrations included, at their quick
+   sizes: COURSE_QUICK=1) by ``jupyter nbconvert --execute``, with every core's math threads, no
+   sandbox, no judge, no nbgrader; one at a time;
 2. driver, ``--jobs 1``: ``python -m course_grader.grade`` on the batch (course build, a shard per
    submission with the sandboxed autograde, which also runs the hidden tests, and the judge, then
    the merge, feedback and export); its ``timings.csv`` gives each submission's grading time;

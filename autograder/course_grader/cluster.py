@@ -47,9 +47,9 @@ RESULT_FIELDS = ("error", "score", "max_score", "cells", "comments", "graded", "
 PACKAGES = ("nbgrader", "torch", "numpy", "transformers")
 #: What a worker's report must agree on with the driver's.
 MATCHED = ("fingerprint", "python", *PACKAGES)
-#: Environment variables of the driver that the worker's nbgrader processes get too (nbgrader_env
-#: sets COURSE_QUICK; thread counts the instructor set; the seeds travel in the row).
-FORWARDED_ENV = ("COURSE_QUICK", *grade.THREAD_VARS)
+#: Environment variables of the driver that the worker's nbgrader processes get too (the thread
+#: counts the instructor set; the seeds travel in the row).
+FORWARDED_ENV = grade.THREAD_VARS
 #: The shard's config is the worker's own (its paths); the driver's copy stays home.
 CONFIG = "nbgrader_config.py"
 #: The driver has these already: the worker sends back only what grading wrote.
@@ -283,7 +283,6 @@ class Cluster:
         for address, info in workers.items():
             hosts[names.get(address, "")] += int(info.get("nthreads", 1))
         env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
-        env.setdefault("COURSE_QUICK", grade.nbgrader_env(1)["COURSE_QUICK"])
         slots = max(1, sum(hosts.values()))
         waiting = list(rows)
         out: dict = {}

@@ -9,7 +9,8 @@
   three hashes, so a stray phrase in prose is never taken for one);
 * the autograde pipeline: deleted test cells restored, repeated cell ids dropped
   (``course_grader.preprocessors``), per-cell timeouts that record an error and go on,
-  stderr that does not zero a cell, demonstrations at quick sizes (``COURSE_QUICK=1`` unless set);
+  stderr that does not zero a cell, and the lab's demonstration cells left unrun (the source
+  notebook's role tags; ``SkipDemonstrations``), with a clear error when learner code needs one;
 * feedback that shows the learner's code and the visible checks but not the hidden tests
   (``COURSE_FEEDBACK_SHOWS_HIDDEN_TESTS=1`` keeps them), with learner HTML sanitised;
 * learner code run in the bubblewrap sandbox (``course_grader.sandbox``) and every graded
@@ -98,8 +99,6 @@ def _autograde(c) -> None:
     # puts back a test cell the learner deleted, so it is graded. RestoreMissingTests is
     # OverwriteCells with a placement that survives a deleted solution cell too.
     c.OverwriteCells.add_missing_cells = True
-    # Demonstrations at quick sizes, as the driver runs them (the checks are the same either way).
-    os.environ.setdefault("COURSE_QUICK", "1")
     # Sized for a 2-core CPU: a lab runs in a few minutes, the heaviest cell well under 300 s.
     c.Execute.timeout = 300  # seconds per cell
     # On a cell timeout, interrupt the kernel, record a CellTimeoutError output in that cell
@@ -114,11 +113,14 @@ def _autograde(c) -> None:
     # course's steps (course_grader.preprocessors; each says which stock behaviour it fixes):
     # RestoreMissingTests for OverwriteCells, DropRepeatedIds for DeduplicateIds, EncodableText last
     # among the sanitize steps and right after Execute, and, so that a test cell's score comes from
-    # its errors only, StderrToStdout and DisplayedValuesAreNotScores after IgnorePattern.
+    # its errors only, StderrToStdout and DisplayedValuesAreNotScores after IgnorePattern. Around
+    # Execute, SkipDemonstrations (before) leaves the source notebook's demonstration cells unrun (no graded
+    # check reads their results) and NameSkippedDemonstrations (after) explains a NameError they cause.
     c.Autograde.sanitize_preprocessors = [ClearOutput, preprocessors.DropRepeatedIds, OverwriteKernelspec,
                                           preprocessors.RestoreMissingTests, CheckCellMetadata,
                                           preprocessors.EncodableText]
-    c.Autograde.autograde_preprocessors = [Execute, preprocessors.EncodableText, IgnorePattern,
+    c.Autograde.autograde_preprocessors = [preprocessors.SkipDemonstrations, Execute, preprocessors.EncodableText,
+                                           preprocessors.NameSkippedDemonstrations, IgnorePattern,
                                            preprocessors.StderrToStdout, preprocessors.DisplayedValuesAreNotScores,
                                            ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
                                            AssignLatePenalties, CheckCellMetadata]

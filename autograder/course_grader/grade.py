@@ -411,12 +411,9 @@ def nbgrader_env(jobs: int) -> dict[str, str]:
     nbgrader runs the `alembic` executable when it creates a gradebook
     (nbgrader/api.py, get_alembic_version), so this Python's bin folder goes first on
     PATH. With several jobs, math libraries get an equal share of the cores unless the
-    caller set the thread counts already. Notebooks run their demonstrations at quick
-    sizes (COURSE_QUICK=1: shorter real-model prefix, fewer timing repeats) unless the
-    caller set COURSE_QUICK; the graded checks are the same either way.
+    caller set the thread counts already.
     """
     env = dict(os.environ)
-    env.setdefault("COURSE_QUICK", "1")
     # A config file that raises must stop nbgrader, not be skipped with a log line: skipping
     # the generated config would grade with default paths and without the sandbox.
     env["TRAITLETS_APPLICATION_RAISE_CONFIG_FILE_ERROR"] = "1"

@@ -297,3 +297,105 @@ class DropRepeatedIds(DeduplicateIds):
         if cell.get("metadata", {}).get("nbgrader", None) == {}:
             del cell.metadata["nbgrader"]
         return cell, resources
+
+
+#: nbclient's tag for a cell it leaves unrun (``NotebookClient.skip_cells_with_tag``'s default).
+SKIP_TAG = "skip-execution"
+SKIPPED_NOTE = ("[grading] not run: a demonstration cell. Grading runs the set-up, exercise and check cells "
+                "only; a demonstration's results are never graded.\n")
+_NAME_ERROR = re.compile(r"name '([A-Za-z_][A-Za-z0-9_]*)' is not defined")
+
+
+def _plain_source(source) -> str:
+    """A cell's source with trailing spaces and leading or trailing blank lines removed."""
+    text = "".join(source) if isinstance(source, list) else str(source)
+    return "\n".join(line.rstrip() for line in text.strip("\n").split("\n")).strip("\n")
+
+
+class SkipDemonstrations(NbGraderPreprocessor):
+    """Leave a lab's demonstration cells unrun while autograding (before ``Execute``).
+
+    The roles come from the lab's source notebook (``CourseDirectory.source_directory``, the
+    instructor's; ``course_lib.exercises.cell_roles``), never from the submission's tags: a code
+    cell of the submission is skipped when it is neither a solution nor a graded cell and its
+    source equals a source cell tagged ``demonstration`` (spaces at line ends aside). A cell the
+    learner edited or added runs, in its place. A skipped cell gets nbclient's ``skip-execution``
+    tag in memory and one output line saying why; the submitted file is not changed.
+    ``resources["skipped_demonstrations"]`` maps each name a skipped cell binds, and no cell that
+    runs binds, to that cell's first line, for ``NameSkippedDemonstrations``.
+
+    A source notebook without any role tag declares no demonstration: every cell runs.
+
+    Raises (failing that submission's autograde, as nbgrader does for a preprocessor error):
+        ValueError: the source notebook is missing, or some of its cells carry role tags and they
+            are not valid (``cell_roles``).
+    """
+
+    def preprocess(self, nb, resources):
+        from course_lib.exercises import bound_names
+
+        demonstrations = self._demonstrations(resources)
+        skipped: dict[str, str] = {}
+        runs: set[str] = set()
+        for cell in nb.cells:
+            if cell.cell_type != "code":
+                continue
+            plain = _plain_source(cell.source)
+            try:
+                names = bound_names(plain)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                names = frozenset()
+            if plain not in demonstrations or utils.is_grade(cell) or utils.is_solution(cell):
+                runs |= names
+                continue
+            cell.metadata.setdefault("tags", []).append(SKIP_TAG)
+            cell.outputs = [from_dict({"output_type": "stream", "name": "stdout", "text": SKIPPED_NOTE})]
+            first = next(line for line in plain.split("\n") if line.strip())
+            skipped.update({name: first for name in names if name not in skipped})
+        resources["skipped_demonstrations"] = {n: line for n, line in skipped.items() if n not in runs}
+        return nb, resources
+
+    def _demonstrations(self, resources) -> set[str]:
+        """The plain sources of the source notebook's demonstration cells."""
+        import nbformat
+        from nbgrader.coursedir import CourseDirectory
+
+        from course_lib.exercises import ROLES, cell_roles
+
+        info = (resources or {}).get("nbgrader") or {}
+        coursedir = CourseDirectory(config=self.config)
+        path = Path(coursedir.format_path(coursedir.source_directory, ".", info.get("assignment", ""))) \
+            / f"{info.get('notebook', '')}.ipynb"
+        try:
+            source = nbformat.read(path, as_version=4)
+            if not any(set(ROLES) & set(cell.metadata.get("tags", [])) for cell in source.cells):
+                return set()                      # a notebook that declares no roles: every cell runs
+            roles = cell_roles(source)
+        except (OSError, ValueError, TypeError) as exc:
+            raise ValueError(f"SkipDemonstrations: cannot read the cell roles of the source notebook {path}: {exc}") \
+                from None
+        return {_plain_source(cell.source) for cell, role in zip(source.cells, roles) if role == "demonstration"}
+
+
+class NameSkippedDemonstrations(NbGraderPreprocessor):
+    """After ``Execute``: an error that says ``name 'X' is not defined``, where X is defined only by a
+    demonstration cell ``SkipDemonstrations`` left unrun, says so (its value and the last line of its
+    traceback), so the feedback names the cause: the learner's code depends on a demonstration."""
+
+    def preprocess(self, nb, resources):
+        skipped = (resources or {}).get("skipped_demonstrations") or {}
+        for cell in nb.cells if skipped else ():
+            for output in cell.get("outputs", []):
+                if output.get("output_type") != "error":
+                    continue
+                text = ANSI.sub("", "\n".join([str(output.get("evalue", "")), *map(str, output.get("traceback", []))]))
+                names = [n for n in dict.fromkeys(_NAME_ERROR.findall(text)) if n in skipped]
+                if not names:
+                    continue
+                note = " ".join(f"`{n}` is defined only by a demonstration cell (`{skipped[n]}`), which grading "
+                                "does not run." for n in names) + \
+                    " Exercises must not depend on demonstration cells: define what your function needs in it " \
+                    "or in your own cell."
+                output["evalue"] = f"{output.get('evalue', '')} ({note})"
+                output["traceback"] = [*output.get("traceback", []), note]
+        return nb, resources
