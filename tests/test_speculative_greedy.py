@@ -372,6 +372,16 @@ def test_compare_reports_each_method_beside_plain_greedy(target):
     assert (table[table.method == "self"].alpha == 1).all()
 
 
+def test_compare_warms_up_on_the_first_prompt_only(target):
+    """Warm-up rounds warm the code paths every prompt shares: with 2 warm-up and 1 timed round,
+    three prompts take 2 + 3 rounds, not 3 x 3."""
+    made = []
+    prompts = {"a": PROMPTS["short"], "b": PROMPTS["longer"], "c": PROMPTS["short"]}
+    compare(target, prompts, {"lookup": lambda: made.append(1) or PromptLookupDraft()}, gamma=3, max_new_tokens=4,
+            repeats=1, warmup=2)
+    assert len(made) == 2 + 3
+
+
 # -- the real model ---------------------------------------------------------------------------
 @pytest.mark.slow
 def test_prompt_lookup_on_smollm2_reproduces_greedy():

@@ -101,17 +101,18 @@ def compare(target: Decoder, prompts: Mapping[str, torch.Tensor],
             repeats: int = 3, warmup: int = 1) -> pd.DataFrame:
     """Time plain greedy decoding and speculative decoding with each draft on the same prompts.
 
-    For each prompt, ``warmup`` untimed rounds and then ``repeats`` timed rounds; a round runs
-    ``generate_cached`` and then ``generate_speculative`` with a fresh draft from each factory
-    (the factory call is inside the timing, as the cache allocation is for greedy). Times are
-    medians over the timed rounds.
+    ``warmup`` untimed rounds on the first prompt (they warm what every prompt shares: the first
+    calls of each kernel, the allocator, the thread pool), then ``repeats`` timed rounds on every
+    prompt; a round runs ``generate_cached`` and then ``generate_speculative`` with a fresh draft
+    from each factory (the factory call is inside the timing, as the cache allocation is for
+    greedy). Times are medians over the timed rounds.
 
     Args:
         target: the target ``Decoder``.
         prompts: name -> prompt ids (T0,) int64.
         drafts: label -> a function returning a new draft (a ``Draft`` or a draft ``Decoder``).
         gamma: drafted tokens per iteration. max_new_tokens: tokens per generation.
-        repeats: timed rounds (>= 1). warmup: untimed rounds (>= 0).
+        repeats: timed rounds per prompt (>= 1). warmup: untimed rounds, on the first prompt (>= 0).
 
     Returns:
         a DataFrame, one row per (prompt, method) and a "total" row per method, with columns
@@ -127,7 +128,7 @@ def compare(target: Decoder, prompts: Mapping[str, torch.Tensor],
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
     device = target.embed_tokens.weight.device
     rows = []
-    for name, ids in prompts.items():
+    for index, (name, ids) in enumerate(prompts.items()):
         methods: dict[str, Callable[[], tuple]] = {
             "greedy": lambda: (generate_cached(target, ids, max_new_tokens)[0], None)}
         for label, factory in drafts.items():
@@ -135,10 +136,11 @@ def compare(target: Decoder, prompts: Mapping[str, torch.Tensor],
                               generate_speculative(target, factory(), ids, max_new_tokens, gamma))
         seconds: dict[str, list[float]] = {label: [] for label in methods}
         results: dict[str, tuple] = {}
-        for round_ in range(warmup + repeats):
+        untimed = warmup if index == 0 else 0
+        for round_ in range(untimed + repeats):
             for label, run in methods.items():
                 results[label], elapsed = timed(run, device)
-                if round_ >= warmup:
+                if round_ >= untimed:
                     seconds[label].append(elapsed)
         greedy_tokens = results["greedy"][0]
         for label, (tokens, stats) in results.items():
