@@ -20,7 +20,8 @@ Each code cell also declares its *role* with one Jupyter tag (``ROLES``): ``setu
 the objects a check uses), ``exercise`` (the solution cells), ``check`` (the graded test cells) or
 ``demonstration`` (tables, plots, sweeps and measurements that teach but are not graded). The
 grader runs every cell but the demonstrations (``course_grader.preprocessors.SkipDemonstrations``);
-``cell_roles(nb)`` reads and validates the tags, ``bound_names(source)`` says what a cell defines.
+``cell_roles(nb)`` reads and validates the tags, ``bound_names(source)`` says what a cell defines
+(``binding_lines(source)``: and where).
 
 The notebook format is read as plain JSON (``nb["cells"]``, each with ``cell_type``, ``source`` as a
 string or a list of lines, ``metadata``), so an ``nbformat`` node and ``json.load`` output both work.
@@ -38,7 +39,7 @@ from numbers import Real
 from typing import Any, Mapping
 
 __all__ = ["Exercise", "ExerciseNeeded", "exercises", "points_table", "requires", "is_unsolved_stub",
-           "parse_python", "ROLES", "cell_roles", "bound_names"]
+           "parse_python", "ROLES", "cell_roles", "bound_names", "binding_lines"]
 
 _HEADING = re.compile(r"^##\s+(\d+)\.", re.MULTILINE)   # "## 4. Prefill: ..." -> section "4"
 
@@ -220,34 +221,40 @@ def cell_roles(nb: Mapping) -> list[str | None]:
     return roles
 
 
-def bound_names(source: str) -> frozenset[str]:
-    """The global names a code cell's SOURCE binds when it runs: assignment targets (walrus, ``for``,
-    ``with ... as`` and ``except ... as`` included), ``def``, ``class`` and ``import``. Names local to
-    a function, class body, lambda or comprehension are not global and are left out; so are
-    IPython magics (lines starting with ``%`` or ``!``).
+def binding_lines(source: str) -> dict[str, int]:
+    """The global names a code cell's SOURCE binds when it runs, each with the line number (from 1)
+    of its first binding: assignment targets (walrus, ``for``, ``with ... as`` and ``except ... as``
+    included), ``def``, ``class`` and ``import``. Names local to a function, class body, lambda or
+    comprehension are not global and are left out; IPython magic lines (starting with ``%`` or
+    ``!``) bind nothing.
 
     Raises:
         SyntaxError: SOURCE is not Python.
     """
-    lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]
-    names: set[str] = set()
+    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+    found: dict[str, int] = {}
+
+    def bind(name: str, node: ast.AST) -> None:
+        line = getattr(node, "lineno", 0)
+        if name not in found or line < found[name]:
+            found[name] = line
 
     class Binder(ast.NodeVisitor):
         def visit_Name(self, node: ast.Name) -> None:
             if isinstance(node.ctx, (ast.Store, ast.Del)):
-                names.add(node.id)
+                bind(node.id, node)
 
         def visit_alias(self, node: ast.alias) -> None:
             if node.name != "*":
-                names.add(node.asname or node.name.partition(".")[0])
+                bind(node.asname or node.name.partition(".")[0], node)
 
         def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
             if node.name:
-                names.add(node.name)
+                bind(node.name, node)
             self.generic_visit(node)
 
         def _defines(self, node) -> None:           # its name is global, its body is not
-            names.add(node.name)
+            bind(node.name, node)
             for child in (*node.decorator_list, *getattr(node, "bases", ()), *getattr(node, "keywords", ())):
                 self.visit(child)
 
@@ -259,7 +266,16 @@ def bound_names(source: str) -> frozenset[str]:
         visit_Lambda = visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _local
 
     Binder().visit(parse_python("\n".join(lines)))
-    return frozenset(names)
+    return found
+
+
+def bound_names(source: str) -> frozenset[str]:
+    """The global names SOURCE binds (``binding_lines`` without the line numbers).
+
+    Raises:
+        SyntaxError: SOURCE is not Python.
+    """
+    return frozenset(binding_lines(source))
 
 
 def _plain(value: float) -> float:

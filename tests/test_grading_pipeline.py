@@ -314,7 +314,7 @@ def test_demonstrations_are_not_run_and_a_solution_that_needs_one_is_told(pipeli
     assert _outputs_text(demo) == SKIPPED_NOTE
     (edited,) = [c for c in autograded("jack").cells if c.source == EDITED_DEMONSTRATION]
     assert "the edited demonstration ran: 2" in _outputs_text(edited)
-    named = "`OFFSET` is defined only by a demonstration cell (`OFFSET = 100`), which grading does not run"
+    named = "`OFFSET` is defined by a demonstration cell, at its line `OFFSET = 100`, which grading does not run"
     tests = [c for c in autograded("ivy").cells if c.metadata.get("nbgrader", {}).get("grade")]
     assert len(tests) == 2 and all(named in _outputs_text(c) for c in tests)
     page = html.unescape(re.sub(r"<[^>]+>", "", (course / "feedback" / "ivy" / LAB / f"{LAB}.html").read_text()))

@@ -88,15 +88,18 @@ def _submission(*changes):
 def test_demonstrations_are_skipped_by_the_source_roles_not_the_submissions_tags(tmp_path):
     config = _course_with_source(tmp_path, SOURCE_CELLS)
 
-    def retag(nb):          # the learner tags the set-up and the check "demonstration": ignored
-        for cell in (nb.cells[0], nb.cells[3]):
+    def retag(nb):          # the learner tags the set-up and the check "demonstration", the check and
+        for cell in (nb.cells[0], nb.cells[3]):                      # the exercise nbclient's skip tag
             cell.metadata["tags"] = ["demonstration"]
+        nb.cells[1].metadata["tags"] = [preprocessors.SKIP_TAG]
+        nb.cells[3].metadata["tags"].append(preprocessors.SKIP_TAG)
         nb.cells[2].metadata["tags"] = ["setup"]
         nb.cells[2].source = "TABLE = [1, 2]\nprint(TABLE)"   # trailing spaces aside, the same source
     nb, resources = preprocessors.SkipDemonstrations(config=config).preprocess(_submission(retag), dict(RESOURCES))
     skipped = [i for i, c in enumerate(nb.cells) if preprocessors.SKIP_TAG in c.metadata.get("tags", [])]
     assert skipped == [2] and nb.cells[2].outputs[0]["text"] == preprocessors.SKIPPED_NOTE
     assert resources["skipped_demonstrations"] == {"TABLE": "TABLE = [1, 2]"}
+    assert preprocessors.SKIP_TAG not in nb.cells[1].metadata["tags"] + nb.cells[3].metadata["tags"]
 
     def edit(nb):           # an edited demonstration, and one moved into a solution cell, both run
         nb.cells[2].source = "TABLE = [1, 2, 3]\nprint(TABLE)"
@@ -128,7 +131,7 @@ def test_a_name_error_on_a_skipped_demonstrations_name_says_so():
     nb.cells[3].outputs = [error, other]
     resources = {"skipped_demonstrations": {"TABLE": "TABLE = [1, 2]"}}
     nb, _ = preprocessors.NameSkippedDemonstrations().preprocess(nb, resources)
-    named = "`TABLE` is defined only by a demonstration cell (`TABLE = [1, 2]`), which grading does not run."
+    named = "`TABLE` is defined by a demonstration cell, at its line `TABLE = [1, 2]`, which grading does not run."
     assert named in nb.cells[3].outputs[0]["evalue"] and named in nb.cells[3].outputs[0]["traceback"][-1]
     assert nb.cells[3].outputs[1]["evalue"] == "name 'tabel' is not defined"      # not a demonstration's name
     assert determine_grade(nb.cells[3])[0] == 0

@@ -22,8 +22,8 @@ import torch
 
 from course_grader.samples import ROOT, labs, tables
 from course_grader.samples import test_points as points_per_test   # not a test: renamed for pytest
-from course_lib.exercises import (Exercise, ExerciseNeeded, bound_names, cell_roles, exercises, is_unsolved_stub,
-                                   parse_python, points_table, requires)
+from course_lib.exercises import (Exercise, ExerciseNeeded, binding_lines, bound_names, cell_roles, exercises,
+                                   is_unsolved_stub, parse_python, points_table, requires)
 
 LABS = labs()
 STUB = "    # YOUR CODE HERE\n    raise NotImplementedError()"   # nbgrader's code stub (course_grader.config)
@@ -351,3 +351,5 @@ def test_bound_names_are_the_globals_a_cell_binds():
               "def f(a=k): q = 1\nclass K: r = 2\n[w for w in range(3)]\nwith open('x') as fh: pass\n"
               "try: pass\nexcept E as e: pass\nif (n := 3): m = 4\n%timeit f(1)")
     assert bound_names(source) == {"os", "np", "c", "x", "y", "z", "i", "j", "f", "K", "fh", "e", "n", "m"}
+    assert binding_lines(source) == {"os": 1, "np": 1, "c": 2, "x": 3, "y": 3, "z": 3, "i": 4, "j": 4, "f": 5, "K": 6,
+                                     "fh": 8, "e": 10, "n": 11, "m": 11}

@@ -191,6 +191,15 @@ def a_test_source_replaced(nb):
     nb.cells[cell_index(nb, "test_prefill_time")].source = "print('prefill_time: all checks passed')"
 
 
+def a_skip_tags(nb):
+    """The test cell tagged with nbclient's skip-execution around a prefill_time that is wrong only
+    on the notebook's own ``case`` object: only the cell's kernel-side assert passes that object (the
+    judge's calls send copies), so the cell must run and fail there."""
+    replace_in(nb, "prefill_time", PREFILL_RIGHT, "    right = flops / (mfu * device.peak_flops)\n"
+               "    return 2 * right if config is case else right")
+    nb.cells[cell_index(nb, "test_prefill_time")].metadata.setdefault("tags", []).append("skip-execution")
+
+
 def a_metadata_edited(nb):
     meta = nb.cells[cell_index(nb, "test_gemv_intensity")].metadata.nbgrader
     meta["points"] = 100
@@ -501,6 +510,7 @@ HOSTILE_L1 = {
     "displayed_score": a_displayed_score,
     "test_source_replaced": a_test_source_replaced,
     "metadata_edited": a_metadata_edited,
+    "skip_tags": a_skip_tags,
     "test_cell_deleted": a_test_cell_deleted,
     "cells_restructured": a_cells_restructured,
     "patched_checkers": a_patched_checkers,

@@ -320,9 +320,12 @@ class SkipDemonstrations(NbGraderPreprocessor):
     cell of the submission is skipped when it is neither a solution nor a graded cell and its
     source equals a source cell tagged ``demonstration`` (spaces at line ends aside). A cell the
     learner edited or added runs, in its place. A skipped cell gets nbclient's ``skip-execution``
-    tag in memory and one output line saying why; the submitted file is not changed.
-    ``resources["skipped_demonstrations"]`` maps each name a skipped cell binds, and no cell that
-    runs binds, to that cell's first line, for ``NameSkippedDemonstrations``.
+    tag in memory and one output line saying why; the submitted file is not changed. That tag is
+    the grader's alone: one the submission put on any cell is removed first, so every cell that is
+    not a skipped demonstration runs (a check the kernel skipped would be scored on the judge's
+    verdict alone, and the kernel's run of a check can only take points away).
+    ``resources["skipped_demonstrations"]`` maps each name a skipped cell binds to the source line
+    that binds it, for ``NameSkippedDemonstrations``. Learner cells are compared, never parsed.
 
     A source notebook without any role tag declares no demonstration: every cell runs.
 
@@ -332,35 +335,31 @@ class SkipDemonstrations(NbGraderPreprocessor):
     """
 
     def preprocess(self, nb, resources):
-        from course_lib.exercises import bound_names
-
         demonstrations = self._demonstrations(resources)
         skipped: dict[str, str] = {}
-        runs: set[str] = set()
         for cell in nb.cells:
             if cell.cell_type != "code":
                 continue
-            plain = _plain_source(cell.source)
-            try:
-                names = bound_names(plain)
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
-                names = frozenset()
-            if plain not in demonstrations or utils.is_grade(cell) or utils.is_solution(cell):
-                runs |= names
+            tags = cell.metadata.get("tags")
+            if isinstance(tags, list) and SKIP_TAG in tags:
+                cell.metadata["tags"] = [t for t in tags if t != SKIP_TAG]
+            binds = demonstrations.get(_plain_source(cell.source))
+            if binds is None or utils.is_grade(cell) or utils.is_solution(cell):
                 continue
             cell.metadata.setdefault("tags", []).append(SKIP_TAG)
             cell.outputs = [from_dict({"output_type": "stream", "name": "stdout", "text": SKIPPED_NOTE})]
-            first = next(line for line in plain.split("\n") if line.strip())
-            skipped.update({name: first for name in names if name not in skipped})
-        resources["skipped_demonstrations"] = {n: line for n, line in skipped.items() if n not in runs}
+            for name, line in binds.items():
+                skipped.setdefault(name, line)
+        resources["skipped_demonstrations"] = skipped
         return nb, resources
 
-    def _demonstrations(self, resources) -> set[str]:
-        """The plain sources of the source notebook's demonstration cells."""
+    def _demonstrations(self, resources) -> dict[str, dict[str, str]]:
+        """The plain source of each of the source notebook's demonstration cells, with the names it
+        binds and the line that binds each."""
         import nbformat
         from nbgrader.coursedir import CourseDirectory
 
-        from course_lib.exercises import ROLES, cell_roles
+        from course_lib.exercises import ROLES, binding_lines, cell_roles
 
         info = (resources or {}).get("nbgrader") or {}
         coursedir = CourseDirectory(config=self.config)
@@ -369,18 +368,24 @@ class SkipDemonstrations(NbGraderPreprocessor):
         try:
             source = nbformat.read(path, as_version=4)
             if not any(set(ROLES) & set(cell.metadata.get("tags", [])) for cell in source.cells):
-                return set()                      # a notebook that declares no roles: every cell runs
-            roles = cell_roles(source)
-        except (OSError, ValueError, TypeError) as exc:
+                return {}                         # a notebook that declares no roles: every cell runs
+            found = {}
+            for cell, role in zip(source.cells, cell_roles(source)):
+                if role == "demonstration":
+                    plain = _plain_source(cell.source)
+                    lines = plain.split("\n")
+                    found[plain] = {name: lines[n - 1].strip() for name, n in binding_lines(plain).items()}
+        except (OSError, ValueError, TypeError, SyntaxError) as exc:
             raise ValueError(f"SkipDemonstrations: cannot read the cell roles of the source notebook {path}: {exc}") \
                 from None
-        return {_plain_source(cell.source) for cell, role in zip(source.cells, roles) if role == "demonstration"}
+        return found
 
 
 class NameSkippedDemonstrations(NbGraderPreprocessor):
-    """After ``Execute``: an error that says ``name 'X' is not defined``, where X is defined only by a
-    demonstration cell ``SkipDemonstrations`` left unrun, says so (its value and the last line of its
-    traceback), so the feedback names the cause: the learner's code depends on a demonstration."""
+    """After ``Execute``: an error that says ``name 'X' is not defined``, where X is bound by a
+    demonstration cell ``SkipDemonstrations`` left unrun, says so and quotes the line that binds it
+    (in its value and as the last line of its traceback), so the feedback names the cause: the
+    learner's code depends on a demonstration."""
 
     def preprocess(self, nb, resources):
         skipped = (resources or {}).get("skipped_demonstrations") or {}
@@ -392,8 +397,8 @@ class NameSkippedDemonstrations(NbGraderPreprocessor):
                 names = [n for n in dict.fromkeys(_NAME_ERROR.findall(text)) if n in skipped]
                 if not names:
                     continue
-                note = " ".join(f"`{n}` is defined only by a demonstration cell (`{skipped[n]}`), which grading "
-                                "does not run." for n in names) + \
+                note = " ".join(f"`{n}` is defined by a demonstration cell, at its line `{skipped[n]}`, which "
+                                "grading does not run." for n in names) + \
                     " Exercises must not depend on demonstration cells: define what your function needs in it " \
                     "or in your own cell."
                 output["evalue"] = f"{output.get('evalue', '')} ({note})"
