@@ -301,8 +301,8 @@ class DropRepeatedIds(DeduplicateIds):
 
 #: nbclient's tag for a cell it leaves unrun (``NotebookClient.skip_cells_with_tag``'s default).
 SKIP_TAG = "skip-execution"
-SKIPPED_NOTE = ("[grading] not run: a demonstration cell. Grading runs the set-up, exercise and check cells "
-                "only; a demonstration's results are never graded.\n")
+SKIPPED_NOTE = ("[grading] not run: a demonstration cell. Grading runs the set-up, exercise and check cells and "
+                "any cell you added or edited; a demonstration's results are never graded.\n")
 _NAME_ERROR = re.compile(r"name '([A-Za-z_][A-Za-z0-9_]*)' is not defined")
 
 
@@ -399,8 +399,8 @@ class NameSkippedDemonstrations(NbGraderPreprocessor):
                     continue
                 note = " ".join(f"`{n}` is defined by a demonstration cell, at its line `{skipped[n]}`, which "
                                 "grading does not run." for n in names) + \
-                    " Exercises must not depend on demonstration cells: define what your function needs in it " \
-                    "or in your own cell."
+                    " Code that grading runs must not depend on demonstration cells: define what it needs in " \
+                    "its own cell (an error outside a check cell costs no points by itself)."
                 output["evalue"] = f"{output.get('evalue', '')} ({note})"
                 output["traceback"] = [*output.get("traceback", []), note]
         return nb, resources
