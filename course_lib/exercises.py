@@ -213,7 +213,8 @@ def cell_roles(nb: Mapping) -> list[str | None]:
             raise ValueError(f"code cell {index} has role tags {tags}: exactly one of {', '.join(ROLES)} is needed")
         meta = _nbgrader(cell)
         expected = "exercise" if meta.get("solution") else "check" if meta.get("grade") else None
-        if (expected or "") != (tags[0] if tags[0] in ("exercise", "check") else ""):
+        declared = tags[0] if tags[0] in ("exercise", "check") else None
+        if declared != expected:
             what = f"nbgrader marks it a {'solution' if expected == 'exercise' else 'graded test'} cell" \
                 if expected else "it is not an nbgrader solution or graded test cell"
             raise ValueError(f"code cell {index} is tagged {tags[0]!r} but {what}")

@@ -306,10 +306,10 @@ SKIPPED_NOTE = ("[grading] not run: a demonstration cell. Grading runs the set-u
 _NAME_ERROR = re.compile(r"name '([A-Za-z_][A-Za-z0-9_]*)' is not defined")
 
 
-def _plain_source(source) -> str:
-    """A cell's source with trailing spaces and leading or trailing blank lines removed."""
-    text = "".join(source) if isinstance(source, list) else str(source)
-    return "\n".join(line.rstrip() for line in text.strip("\n").split("\n")).strip("\n")
+def _plain_source(source: str) -> str:
+    """A cell's source (nbformat holds it as one str) with trailing spaces and leading or trailing
+    blank lines removed."""
+    return "\n".join(line.rstrip() for line in source.strip("\n").split("\n")).strip("\n")
 
 
 class SkipDemonstrations(NbGraderPreprocessor):
