@@ -4,7 +4,8 @@ The lab `01_tiny` is built in a temporary course root: one solution cell `add(a,
 two graded test cells (1 and 2 points), the second with hidden tests. Its release comes
 from stock `nbgrader generate_assignment` with the course's nbgrader_config.py; the
 submissions are edits of that release. The grading driver then runs twice on the same
-submissions (`--jobs 1` and `--jobs 2`) and every test reads those two runs.
+submissions (`--jobs 1`, each nbgrader command forked from the warm process, and `--jobs 2
+--cold-start`, each a new Python process) and every test reads those two runs.
 """
 
 from __future__ import annotations
@@ -149,8 +150,8 @@ def run_driver(*args: str, env: dict | None = None) -> subprocess.CompletedProce
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-    """Build the tiny course, then grade it serially (expecting a match) and with 2 jobs
-    (against an expected file with one wrong row, expecting exit 1)."""
+    """Build the tiny course, then grade it serially (expecting a match) and with 2 jobs, each
+    nbgrader command a new process (against an expected file with one wrong row, expecting exit 1)."""
     root = tmp_path_factory.mktemp("course")
     write_source(root)
     release = stock_release(root)
@@ -164,7 +165,8 @@ def pipeline(tmp_path_factory):
     write_expected(bad, {**EXPECTED_TOTALS, "carol": 3}, cell_rows)
     common = ["--root", root, "--per-test", "--cell-timeout", CELL_TIMEOUT, "--seed", RUN_SEED]
     serial = run_driver(submissions, "--work", root / "work1", "--expected", good, *common)
-    parallel = run_driver(submissions, "--work", root / "work2", "--expected", bad, "--jobs", 2, *common)
+    parallel = run_driver(submissions, "--work", root / "work2", "--expected", bad, "--jobs", 2, "--cold-start",
+                          *common)
     return {"root": root, "release": release, "submissions": submissions, "before": before,
             "serial": serial, "parallel": parallel, "work1": root / "work1", "work2": root / "work2"}
 
@@ -225,7 +227,7 @@ def test_stderr_does_not_zero_a_correct_answer(pipeline):
                for o in outputs)
 
 
-def test_parallel_run_gives_the_same_scores(pipeline):
+def test_parallel_cold_run_gives_the_same_scores(pipeline):
     for name in ("grades.csv", "grades_per_test.csv"):
         serial, parallel = read_grades(pipeline["work1"], name), read_grades(pipeline["work2"], name)
         pd.testing.assert_frame_equal(serial, parallel)
@@ -543,6 +545,51 @@ def test_sigterm_stops_the_driver_and_its_nbgrader_processes(tmp_path):
     assert "stopped by SIGTERM" in err
     time.sleep(2)
     assert _processes_of(work, seed) == []
+
+
+def test_submission_timeout_kills_only_that_submission(tmp_path):
+    """A submission past --submission-timeout: its forked nbgrader and its kernel are killed, its
+    row says so, the other submission is graded, and nothing of the killed one is left running."""
+    import time
+
+    write_source(tmp_path)
+    release = stock_release(tmp_path)
+    nb = nbformat.read(release, as_version=4)
+    (cell,) = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "add"]
+    for learner, body in (("slow", "import time\ntime.sleep(600)\ndef add(a, b):\n    return a + b"),
+                          ("quick", ANSWERS["alice"])):
+        cell.source = body
+        path = tmp_path / "batch" / learner / LAB / f"{LAB}.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(nb, path)
+    work = tmp_path / "work"
+    started = time.monotonic()
+    done = run_driver(tmp_path / "batch", "--root", tmp_path, "--work", work, "--seed", 4243,
+                      "--submission-timeout", 25)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert time.monotonic() - started < 300
+    grades = read_grades(work).set_index("learner")
+    assert grades.loc["slow", "error"] == "autograde failed: killed after 25 s (--submission-timeout)"
+    assert grades.loc["quick", "score"] == 3.0 and grades.loc["quick", "error"] == ""
+    time.sleep(2)
+    assert _processes_of(work, load_driver().submission_seed(4243, "slow", LAB)) == []
+
+
+def test_a_forked_command_stops_on_a_config_file_that_raises(tmp_path):
+    """The warm fork server imported traitlets once; a config file that raises must still stop the
+    command (were it skipped, nbgrader would grade with default paths and no sandbox)."""
+    from course_grader import warm
+
+    if not warm.available():
+        pytest.skip("no fork server on this platform")
+    (tmp_path / "nbgrader_config.py").write_text("raise RuntimeError('config says no')\n")
+    log = tmp_path / "log.txt"
+    code = warm.run(["autograde", "x"], tmp_path, log, env_with_venv_path(), timeout=120)
+    assert code not in (0, None)
+    text = log.read_text()
+    assert text.rstrip().endswith("RuntimeError: config says no"), text[-2000:]
+    assert "No notebooks were matched" not in text      # what a skipped config file leads to
+    assert warm.run(["--version"], tmp_path, log, env_with_venv_path(), timeout=120) == 0
 
 
 def test_links_are_not_copied_and_control_characters_are_shown_escaped(tmp_path):

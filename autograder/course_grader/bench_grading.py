@@ -2,7 +2,7 @@
 """Benchmark: what grading costs on top of running the notebooks, and what a second job buys.
 
     python -m course_grader.bench_grading [--labs 01_roofline 03_scheduling] [--copies 4] [--stock]
-                                          [--class-size N --workers W] [--check-cluster]
+                                          [--cold-start] [--class-size N --workers W] [--check-cluster]
 
 Makes COPIES submissions of each LAB by cycling through the lab's sample submissions
 (autograder/samples/{learner}/{lab}), then, one after the other on this machine:
@@ -14,7 +14,10 @@ Makes COPIES submissions of each LAB by cycling through the lab's sample submiss
    submission with the sandboxed autograde, which also runs the hidden tests, and the judge, then
    the merge, feedback and export); its ``timings.csv`` gives each submission's grading time;
 3. driver, ``--jobs 2``: the same batch, two submissions at a time;
-4. with ``--stock``: one stock serial ``nbgrader autograde`` over the batch (the course's
+4. with ``--cold-start``: driver, ``--jobs 1 --cold-start``, every nbgrader command a new Python
+   process instead of a fork of the warm one (``course_grader.warm``): the per-submission table
+   gets a ``cold_s`` column, so the fork server's gain is a ratio measured in one run;
+5. with ``--stock``: one stock serial ``nbgrader autograde`` over the batch (the course's
    nbgrader_config.py without the sandbox and the judge), for comparison.
 
 It prints one row per submission (plain seconds, driver seconds, their ratio), then the totals: the
@@ -86,10 +89,11 @@ def plain_run(batch: Path, pairs: list[tuple[str, str]], out: Path) -> dict[tupl
     return seconds
 
 
-def driver_run(batch: Path, work: Path, jobs: int, cluster: str | None = None) -> tuple[float, pd.DataFrame]:
-    """The grading driver on BATCH, with JOBS jobs or on the Dask scheduler at CLUSTER; (wall seconds,
-    grades.csv merged with timings.csv)."""
-    where = ["--jobs", str(jobs)] if cluster is None else ["--cluster", cluster]
+def driver_run(batch: Path, work: Path, jobs: int, cluster: str | None = None,
+               cold: bool = False) -> tuple[float, pd.DataFrame]:
+    """The grading driver on BATCH, with JOBS jobs or on the Dask scheduler at CLUSTER (COLD: with
+    ``--cold-start``); (wall seconds, grades.csv merged with timings.csv)."""
+    where = (["--jobs", str(jobs)] if cluster is None else ["--cluster", cluster]) + (["--cold-start"] if cold else [])
     start = time.monotonic()
     code = subprocess.call([sys.executable, "-m", "course_grader.grade", str(batch), *where,
                             "--work", str(work), "--seed", str(SEED)], stdout=subprocess.DEVNULL)
@@ -148,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="labs to grade (default: 01_roofline 03_scheduling)")
     parser.add_argument("--copies", type=int, default=4, help="submissions per lab (default 4)")
     parser.add_argument("--stock", action="store_true", help="also time stock serial nbgrader autograde")
+    parser.add_argument("--cold-start", action="store_true",
+                        help="also time the driver at --jobs 1 with --cold-start (a new process per nbgrader command)")
     parser.add_argument("--class-size", type=int, metavar="N", help="also project the grading time of N learners")
     parser.add_argument("--workers", type=int, default=1, metavar="W",
                         help="... on W machines like this one (default 1)")
@@ -177,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"driver: course_grader.grade --jobs {jobs} ...", flush=True)
         runs[jobs] = driver_run(batch, WORK / f"driver_jobs{jobs}", jobs)
         print(f"  {runs[jobs][0]:.1f} s", flush=True)
+    cold = None
+    if args.cold_start:
+        print("driver: course_grader.grade --jobs 1 --cold-start ...", flush=True)
+        cold = driver_run(batch, WORK / "driver_jobs1_cold", 1, cold=True)
+        print(f"  {cold[0]:.1f} s", flush=True)
     stock = stock_run(args.labs, batch, WORK / "stock") if args.stock else None
     local = None
     if args.check_cluster:
@@ -194,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     per = pd.DataFrame({"plain_s": pd.Series(plain), "driver_s": rows["seconds"], "score": rows["score"]})
     per.index.names = ["learner", "lab"]
     per["ratio"] = per.driver_s / per.plain_s
+    if cold is not None:
+        per["cold_s"] = cold[1].set_index(["learner", "lab"])["seconds"]
     print("\nPer submission (driver --jobs 1: its shard's grading time):")
     print(per.reset_index().to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     plain_total, graded_total = sum(plain.values()), float(per.driver_s.sum())
@@ -204,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
           f"(overhead {wall1 / plain_total - 1:+.0%}: also the course build, merge, feedback, export)")
     print(f"driver --jobs 2, whole run:                  {wall2:.1f} s "
           f"(throughput {throughput:.2f}x that of --jobs 1)")
+    if cold is not None:
+        print(f"driver --jobs 1 --cold-start, whole run:     {cold[0]:.1f} s (sum of submissions "
+              f"{float(per.cold_s.sum()):.1f} s: the warm fork server saves {1 - graded_total / float(per.cold_s.sum()):.0%})")
     if stock is not None:
         print(f"stock serial nbgrader autograde:             {stock[0]:.1f} s (no sandbox, no judge)")
     if args.class_size is not None:
@@ -221,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
 
     scores = {"jobs1": table1.set_index(["learner", "lab"]).score.astype(float),
               "jobs2": table2.set_index(["learner", "lab"]).score.astype(float)}
+    if cold is not None:
+        scores["jobs1_cold"] = cold[1].set_index(["learner", "lab"]).score.astype(float)
     if local is not None:
         scores["local_cluster"] = local[1].set_index(["learner", "lab"]).score.astype(float)
     if stock is not None:

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import judge, provenance, sandbox
+from . import judge, provenance, sandbox, warm
 from .config import WORK_FOLDERS
 from .paths import BASE_CONFIG, REPO_ROOT
 from .text import ANSI, encodable, printable
@@ -74,9 +74,10 @@ class Stopped(InfrastructureError):
     """SIGTERM or SIGINT reached the driver: running nbgrader processes were killed."""
 
 
-# nbgrader processes running now (each the leader of its own process group), and whether a
-# SIGTERM/SIGINT asked the driver to stop; see stop_on_signals().
-RUNNING: set[subprocess.Popen] = set()
+# nbgrader processes running now (each the leader of its own process group: a Popen, or a
+# multiprocessing Process forked by course_grader.warm), and whether a SIGTERM/SIGINT asked the
+# driver to stop; see stop_on_signals().
+RUNNING: set = set()
 STOPPING = threading.Event()
 
 
@@ -146,6 +147,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "sandbox` (course_grader.cluster); without it, --jobs grades on this machine")
     parser.add_argument("--submission-timeout", type=int, default=3600,
                         help="seconds for one submission's autograde before it is killed (default 3600)")
+    parser.add_argument("--cold-start", action="store_true",
+                        help="start every nbgrader command as a new Python process, which imports nbgrader, torch "
+                             "and the checkers again each time (the default forks each from one warm process: "
+                             "course_grader.warm); for comparison and for platforms without a fork server")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
@@ -427,37 +432,47 @@ def nbgrader_env(jobs: int) -> dict[str, str]:
 
 def run_nbgrader(args: list[str], cwd: Path, log: Path, env: dict[str, str],
                  timeout: float | None = None) -> tuple[int, str]:
-    """Run `python -m nbgrader ARGS` in CWD, output to LOG; return (exit code, short reason).
+    """Run `nbgrader ARGS` in CWD, output to LOG; return (exit code, short reason).
 
-    On timeout the whole process group is killed (the kernel, in its own session, exits
-    when ipykernel sees its parent gone) and the code is -9.
+    Once ``warm.start()`` ran in this process, the command is a fork of the warm server
+    (``course_grader.warm``); otherwise a new `python -m nbgrader` process. On timeout the whole
+    process group is killed (the kernel, in its own session, exits when ipykernel sees its parent
+    gone) and the code is -9.
     """
     with open(log, "ab") as out:
         out.write(f"$ nbgrader {' '.join(args)}\n".encode())
         out.flush()
         if STOPPING.is_set():
             raise Stopped("grading was stopped")
-        proc = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=cwd, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        RUNNING.add(proc)
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            proc.wait()
-            return -9, f"killed after {timeout:.0f} s (--submission-timeout)"
-        finally:
-            RUNNING.discard(proc)
+        if warm.started():
+            forked = []
+            try:
+                code = warm.run(args, cwd, log, env, timeout, on_start=lambda p: (forked.append(p), RUNNING.add(p)))
+            finally:
+                RUNNING.difference_update(forked)
+        else:
+            proc = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=cwd, env=env,
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            RUNNING.add(proc)
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                proc.wait()
+                code = None
+            finally:
+                RUNNING.discard(proc)
         if STOPPING.is_set():
             raise Stopped("grading was stopped")
+    if code is None:
+        return -9, f"killed after {timeout:.0f} s (--submission-timeout)"
     if code == 0:
         return 0, ""
     return code, last_error_line(log) or f"nbgrader {args[0]} exited with {code}"
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def _kill_group(proc) -> None:
+    warm.kill_group(proc)
 
 
 def stop_on_signals() -> None:
@@ -994,6 +1009,8 @@ def _grade(args: argparse.Namespace, rows: list[Submission], labs: list[str], sa
            unsafe: str, cluster, started: float) -> int:
     prepare_work(args.work, args.root, args.submissions)
     env = nbgrader_env(args.jobs)
+    if not args.cold_start and warm.available():
+        warm.start()  # its imports overlap the work below until the first command
 
     print(f"Preparing {args.work / 'course'} (labs: {', '.join(labs)}; learner code "
           f"{'NOT sandboxed' if unsafe else 'sandboxed with bubblewrap'}) ...", flush=True)
