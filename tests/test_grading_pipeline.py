@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from course_grader.preprocessors import SKIPPED_NOTE
+from course_grader.preprocessors import SKIP_TAG, SKIPPED_NOTE
 
 # Runs notebooks through nbgrader (about 100 s on 2 cores). The module-scoped fixture
 # below grades once per process: under pytest-xdist use `--dist loadgroup` (or
@@ -31,6 +31,7 @@ from course_grader.preprocessors import SKIPPED_NOTE
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("grading_pipeline")]
 
 REPO = Path(__file__).resolve().parents[1]
+ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")
 DRIVER = [sys.executable, "-m", "course_grader.grade"]
 CONFIG = REPO / "autograder" / "nbgrader_config.py"
 LAB = "01_tiny"
@@ -545,6 +546,43 @@ def test_sigterm_stops_the_driver_and_its_nbgrader_processes(tmp_path):
     assert "stopped by SIGTERM" in err
     time.sleep(2)
     assert _processes_of(work, seed) == []
+
+
+def test_learners_validate_runs_what_grading_runs(pipeline, tmp_path):
+    """`nbgrader validate` with the learner's settings (jupyter/, as `make lab` reads them) skips the
+    demonstration, as grading does: alice passes and ivy, who needs the demonstration's OFFSET,
+    fails (stock Validate runs the demonstration, which defines OFFSET for the checks after it)."""
+    import shutil
+
+    env = {**env_with_venv_path(), "JUPYTER_CONFIG_PATH": str(REPO / "jupyter")}
+    results = {}
+    for learner in ("alice", "ivy"):
+        path = tmp_path / learner / f"{LAB}.ipynb"
+        path.parent.mkdir()
+        shutil.copy(pipeline["submissions"] / learner / LAB / f"{LAB}.ipynb", path)
+        done = subprocess.run([sys.executable, "-m", "nbgrader", "validate", str(path)], cwd=tmp_path / learner,
+                              env=env, capture_output=True, text=True, timeout=300)
+        results[learner] = done.stdout + done.stderr
+    assert "Success! Your notebook passes all the tests." in results["alice"], results["alice"]
+    ivy = ANSI_CODES.sub("", results["ivy"])
+    assert "VALIDATION FAILED" in ivy and "name 'OFFSET' is not defined" in ivy, ivy
+
+
+def test_the_learners_skip_tag_never_reaches_grading(tmp_path):
+    """With the learner's settings on JUPYTER_CONFIG_PATH (an instructor who ran `make lab` in the same
+    shell), Validate skips `demonstration` cells, but autograde with the course config still skips
+    only its own tag: a tag the learner controls never leaves a cell unrun in grading."""
+    probe = ("import sys\nfrom nbgrader.apps.{0} import {1}\napp = {1}.instance()\napp.initialize([])\n"
+             "print(app.config.Execute.get('skip_cells_with_tag'), app.config.Execute.timeout)")
+    env = {**env_with_venv_path(), "JUPYTER_CONFIG_PATH": str(REPO / "jupyter"),
+           "TRAITLETS_APPLICATION_RAISE_CONFIG_FILE_ERROR": "1"}
+    seen = {}
+    for app, module, cwd in (("ValidateApp", "validateapp", tmp_path), ("AutogradeApp", "autogradeapp", CONFIG.parent)):
+        done = subprocess.run([sys.executable, "-c", probe.format(module, app)], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        seen[app] = done.stdout.split()[-2:]
+    assert seen == {"ValidateApp": ["demonstration", "300"], "AutogradeApp": [SKIP_TAG, "300"]}
 
 
 def test_submission_timeout_kills_only_that_submission(tmp_path):

@@ -99,16 +99,11 @@ def _autograde(c) -> None:
     # puts back a test cell the learner deleted, so it is graded. RestoreMissingTests is
     # OverwriteCells with a placement that survives a deleted solution cell too.
     c.OverwriteCells.add_missing_cells = True
-    # Sized for a 2-core CPU: a lab runs in a few minutes, the heaviest cell well under 300 s.
-    c.Execute.timeout = 300  # seconds per cell
-    # On a cell timeout, interrupt the kernel, record a CellTimeoutError output in that cell
-    # (0 points for it) and go on with the next cell, instead of failing the submission.
-    c.Execute.interrupt_on_timeout = True
-    c.Execute.error_on_timeout = {"ename": "CellTimeoutError", "evalue": "", "traceback": [
-        "CellTimeoutError: the cell ran longer than the per-cell limit and was interrupted"]}
-    # Time to drain a cell's output after its reply; the default 4 s is tight on a loaded
-    # 2-core machine running several kernels, and a miss fails the whole notebook.
-    c.Execute.iopub_timeout = 30
+    _execute_limits(c)
+    # The tag on which nbclient leaves a cell unrun is SkipDemonstrations' alone (it removes any a
+    # submission carries); set here, so no other config file (the learner's Validate sets its own)
+    # can make a tag the learner controls skip a cell in grading.
+    c.Execute.skip_cells_with_tag = preprocessors.SKIP_TAG
     # The stock sanitize and autograde lists (nbgrader/converters/autograde.py), in order, with the
     # course's steps (course_grader.preprocessors; each says which stock behaviour it fixes):
     # RestoreMissingTests for OverwriteCells, DropRepeatedIds for DeduplicateIds, EncodableText last
@@ -124,6 +119,33 @@ def _autograde(c) -> None:
                                            preprocessors.StderrToStdout, preprocessors.DisplayedValuesAreNotScores,
                                            ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
                                            AssignLatePenalties, CheckCellMetadata]
+
+
+def _execute_limits(c) -> None:
+    """Per-cell limits of nbgrader's Execute step, the same in grading and in the learner's Validate."""
+    # Sized for a 2-core CPU: a lab runs in a few minutes, the heaviest cell well under 300 s.
+    c.Execute.timeout = 300  # seconds per cell
+    # On a cell timeout, interrupt the kernel, record a CellTimeoutError output in that cell
+    # (0 points for it) and go on with the next cell, instead of failing the submission.
+    c.Execute.interrupt_on_timeout = True
+    c.Execute.error_on_timeout = {"ename": "CellTimeoutError", "evalue": "", "traceback": [
+        "CellTimeoutError: the cell ran longer than the per-cell limit and was interrupted"]}
+    # Time to drain a cell's output after its reply; the default 4 s is tight on a loaded
+    # 2-core machine running several kernels, and a miss fails the whole notebook.
+    c.Execute.iopub_timeout = 30
+
+
+def configure_validate(c) -> None:
+    """The learner's Validate (``jupyter/nbgrader_config.py``, read by ``make lab``'s JupyterLab and
+    ``nbgrader validate``): run what grading runs. Stock Validate runs every cell with a 30 s limit
+    per cell, so it ran the demonstrations grading skips (a model load or a sweep past 30 s failed
+    it, and code that needs a demonstration passed it). Here nbclient leaves every cell tagged
+    ``demonstration`` unrun (nbgrader's Validator takes no extra preprocessors, but its Execute
+    step reads ``skip_cells_with_tag``) and the cells get grading's limits. The tags are the
+    validated notebook's own: there is no source notebook on a learner's machine, and Validate
+    grades nothing. Grading never reads this file's settings (``configure`` sets its own skip tag)."""
+    _execute_limits(c)
+    c.Execute.skip_cells_with_tag = "demonstration"
 
 
 def _feedback(c) -> None:
