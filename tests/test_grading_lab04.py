@@ -61,7 +61,28 @@ MORE_FAULTS = {
                    "test_perplexity", "2 \\*\\* mean loss"),
     "inverted ratio": ("smoothquant_scales", "return x_max ** alpha / w_max ** (1 - alpha)",
                        "return w_max ** (1 - alpha) / x_max ** alpha", "test_smoothquant_scales", "ratio inverted"),
+    "weight maxima unclamped": ("smoothquant_scales", "w_max = weight.abs().amax(dim=0).clamp(min=1e-5)",
+                                "w_max = weight.abs().amax(dim=0)", "test_smoothquant_scales",
+                                "weight maxima not clamped"),
 }
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+def test_smoothquant_diagnoses_name_only_what_happened(seed):
+    """Neither clamp is named "neither"; a wrong finite value in the zero-weight column (an inf
+    there is what a missing clamp gives) is not diagnosed as a missing clamp."""
+    neither = solutions.solution_namespace(LAB, (
+        Edit("smoothquant_scales", "x_max = act_absmax.clamp(min=1e-5)", "x_max = act_absmax"),
+        Edit("smoothquant_scales", "w_max = weight.abs().amax(dim=0).clamp(min=1e-5)", "w_max = weight.abs().amax(dim=0)")))
+    with pytest.raises(ContractError, match="neither maximum clamped"):
+        lab04.check_smoothquant_scales(neither["smoothquant_scales"], seed=seed)
+
+    def one_in_zero_columns(act, weight, alpha):
+        s = ref.smoothquant_scales(act, weight, alpha)
+        return torch.where(weight.abs().amax(dim=0) == 0, torch.ones_like(s), s)
+    with pytest.raises(ContractError) as caught:
+        lab04.check_smoothquant_scales(one_in_zero_columns, seed=seed)
+    assert "Diagnosis" not in str(caught.value)
 
 
 @pytest.mark.parametrize("fault", MORE_FAULTS)

@@ -40,6 +40,21 @@ def test_accept_or_resample_refuses_what_ignores_its_rows_or_its_seed(wrong, see
         lab05.check_accept_or_resample(wrong, seed=seed)
 
 
+def _unseeded(p, q, x, seed):
+    """Ignores its seed: draws one from torch's global generator, so each call draws anew."""
+    return ref.accept_or_resample(p, q, x, int(torch.randint(0, 2 ** 31, ())))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_step_that_ignores_its_seed_fails_both_checks(seed):
+    """Same seed, other draws: the distributions are right, the contract (draws from the seed alone) is not."""
+    alone = r"same seed .* gave different tokens .* must come from torch\.Generator\(\)\.manual_seed\(seed\) alone"
+    with pytest.raises(ContractError, match=alone):
+        lab05.check_accept_or_resample(_unseeded, seed=seed)
+    with pytest.raises(ContractError, match=alone):
+        lab05.check_sequence_distribution(_unseeded, seed=seed)
+
+
 def test_accept_or_resample_accepts_multinomial_and_the_global_generator():
     def multinomial(p, q, x, seed):
         torch.manual_seed(seed)
@@ -59,6 +74,55 @@ def test_formulas_refuse_an_alpha_one_limit_taken_too_early():
 
     with pytest.raises(ContractError, match="0.9999"):
         lab05.check_speculative_formulas(near_one, ref.speculative_speedup, seed=0)
+
+
+@torch.no_grad()
+def _feeds_last_proposal(target, draft, tokens, target_cache, draft_cache, gamma):
+    """The natural proposal loop: the draft is fed every proposal, the last one too, so after a full
+    acceptance its cache holds one committed token more than the reference's (still <= L' - 1)."""
+    L = len(tokens)
+    missing = tokens[draft_cache.length:]
+    logits = draft(torch.tensor([missing]), torch.arange(L - len(missing), L), draft_cache)[0, -1]
+    proposals = []
+    for i in range(gamma):
+        proposals.append(int(logits.argmax()))
+        logits = draft(torch.tensor([[proposals[-1]]]), torch.tensor([L + i]), draft_cache)[0, -1]
+    verdict = target(torch.tensor([[tokens[-1]] + proposals]), torch.arange(L - 1, L + gamma),
+                     target_cache)[0].argmax(-1).tolist()
+    k = 0
+    while k < gamma and proposals[k] == verdict[k]:
+        k += 1
+    target_cache.crop(L + k)
+    draft_cache.crop(min(draft_cache.length, L + k))
+    return proposals[:k] + [verdict[k]]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_step_accepts_a_draft_fed_its_last_proposal(seed):
+    lab05.check_greedy_speculative_step(_feeds_last_proposal, seed=seed)
+
+
+def test_greedy_step_refuses_a_draft_slot_that_is_not_the_committed_tokens():
+    @torch.no_grad()
+    def last_slot_wrong(target, draft, tokens, target_cache, draft_cache, gamma):
+        emitted = _feeds_last_proposal(target, draft, tokens, target_cache, draft_cache, gamma)
+        if draft_cache.length == len(tokens) + len(emitted) - 1:          # holds the extra slot: spoil it
+            draft_cache.k[:, :, :, draft_cache.length - 1] += 1.0
+        return emitted
+
+    with pytest.raises(ContractError, match="draft_cache slot"):
+        lab05.check_greedy_speculative_step(last_slot_wrong, seed=0)
+
+
+def test_the_visible_greedy_check_catches_a_draft_cache_never_cropped():
+    """The visible case drafts 3 to 5 tokens with rejections before the last one, so a draft cache
+    that keeps rejected proposals fails it (not only the hidden tests)."""
+    from course_lib.grading.tables import Edit
+
+    namespace = solutions.solution_namespace(LAB, (Edit(
+        "greedy_speculative_step", "    draft_cache.crop(min(draft_cache.length, L + k))\n", ""),))
+    with pytest.raises(ContractError, match="not cropped after a rejection"):
+        lab05.check_greedy_speculative_step(namespace["greedy_speculative_step"], seed=0)
 
 
 def test_greedy_step_accepts_a_full_recompute_and_refuses_a_step_that_ignores_the_draft():

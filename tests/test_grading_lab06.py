@@ -61,6 +61,25 @@ def test_divergence_report_refuses_wrong_answers(wrong, match):
         lab06.check_divergence_report(wrong, seed=0)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_invariant_linear_refuses_products_per_row_view_and_a_written_input(seed):
+    """One-row products on views of x pass where rows are aligned, so the checker draws ragged shapes
+    and runs on two threads or more, where they give other bits; either way the diagnosis names
+    them, not one product over the batch. A function that pads x in place (resize_) fails too."""
+    def per_row_views(x, weight, tile=8):
+        return torch.cat([x[i:i + 1] @ weight.T for i in range(len(x))])
+
+    def pads_in_place(x, weight, tile=8):
+        M, K = x.shape
+        x.resize_(M + (-M % tile), K)[M:] = 0
+        return torch.cat([x[i:i + tile].clone() @ weight.T for i in range(0, len(x), tile)])[:M]
+
+    with pytest.raises(ContractError, match="a product per row"):
+        lab06.check_invariant_linear(per_row_views, seed=seed)
+    with pytest.raises(ContractError, match=r"changed its tensor argument 1 in place \(shape"):
+        lab06.check_invariant_linear(pads_in_place, seed=seed)
+
+
 def test_invariant_linear_accepts_per_row_products_and_other_tiles():
     def per_row(x, weight, tile=8):
         """One row per product, each row copied to its own buffer. (A row *view* at an odd offset is not enough:
@@ -87,6 +106,17 @@ def test_invariant_linear_refuses_wrong_products(wrong, match):
 
 
 # -- holes a hostile review found, kept closed -----------------------------------------------------
+
+
+def test_a_gap_step_that_breaks_a_tie_the_other_way_is_told_the_rule():
+    def last_of_ties(st, bt, sl, bl):
+        report = ref.divergence_report(st, bt, sl, bl)
+        gaps = (sl[:report["compared_steps"]].topk(2).values.double() @ torch.tensor([1.0, -1.0], dtype=torch.float64))
+        report["gap_step"] = int(len(gaps) - 1 - torch.argmin(gaps.flip(0)))     # the last smallest gap
+        return report
+
+    with pytest.raises(ContractError, match=r"tie at the smallest top-2 gap .* on a tie gap_step is the first"):
+        lab06.check_divergence_report(last_of_ties, seed=0)
 
 
 def test_pad_batch_refuses_pad_columns_without_pad_id():

@@ -495,6 +495,20 @@ def test_the_learners_input_raises_during_a_call_and_is_back_afterwards():
     assert sent[1]["type"].endswith("StdinNotImplementedError") and "grader calls your function" in sent[1]["message"]
 
 
+def test_a_call_runs_on_the_judges_thread_count_and_the_kernels_comes_back():
+    before = torch.get_num_threads()
+    other = 1 if before != 1 else 2
+
+    def threads():
+        return torch.get_num_threads()
+
+    for asked, seen in ((other, other), (0, before), (remote.MAX_THREADS + 1, before), ("2", before), (None, before)):
+        request = {"op": "call", "fn": "f", "args": [], "kwargs": [], "objects": [], "grad": False, "threads": asked}
+        answer = remote.answer_call({"f": threads}, request, None)
+        assert answer["op"] == "returned" and answer["value"] == seen, (asked, answer)
+        assert torch.get_num_threads() == before
+
+
 def test_the_harness_reaches_no_private_ipykernel_attribute():
     for path in (Path(remote.__file__), Path(judge.__file__)):
         assert not re.search(r"kernel\._\w", path.read_text()), path.name
@@ -636,6 +650,11 @@ def attend_misaligned(q, k_new, v_new, k_cache, v_cache, start):
 
 def attend_no_write(q, k_new, v_new, k_cache, v_cache, start):
     return _attend(q, k_new, v_new, k_cache, v_cache, start, write=False)
+
+def attend_zeroes_its_query(q, k_new, v_new, k_cache, v_cache, start):
+    out = _attend(q.clone(), k_new, v_new, k_cache, v_cache, start)
+    q.zero_()                     # right output and cache, but the caller's query is gone
+    return out
 
 def _append(pool, seq, k, v, cow=True):
     bs, n, w = pool.block_size, k.shape[0], 0
@@ -839,6 +858,8 @@ def test_attend_with_cache_writes_in_place(learner):
     verdict = learner.judge(source.format(fn="attend_no_write"))   # right output, cache never written
     assert verdict["status"] == "failed" and "KV cache after the step" in verdict["message"]
     assert "changed no slot" in verdict["message"]
+    verdict = learner.judge(source.format(fn="attend_zeroes_its_query"))   # writes an argument it does not own
+    assert verdict["status"] == "failed" and "changed its tensor argument 1 in place" in verdict["message"], verdict
 
 
 @pytest.mark.slow

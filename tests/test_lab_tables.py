@@ -3,6 +3,7 @@ notebook: the solution passes every contract; each fault, injected by its edits 
 cells, fails exactly the tests it lists, each with its symptom named; the notebook's graded cells
 call the declared checkers on the declared functions. A fault added to a table is tested here
 with no other change."""
+import importlib
 import re
 
 import pytest
@@ -52,6 +53,32 @@ def test_each_fault_fails_exactly_its_tests_with_the_symptom(lab, fault, seed):
         else:
             pytest.fail(f"{contract.checker.__name__} passes with fault {fault} on seed {seed}: the checker of "
                         f"{contract.test} does not catch it (make it fail, or remove the test from the fault's fails)")
+
+
+@pytest.mark.parametrize("lab, fault", FAULT_CASES)
+def test_each_fault_fails_the_visible_checks_alone(lab, fault):
+    """What the learner runs before handing in: every fault of the table fails the visible part of
+    each test it lists (the checker calls of the graded cell outside its hidden-tests block, with
+    the cell's own arguments), not only the hidden tests."""
+    module = tables(lab)
+    declared = next(f for f in module.FAULTS if f.name == fault)
+    namespace = solutions.solution_namespace(lab, declared.edits)
+    contracts = {c.test: c for c in module.CONTRACTS}
+    cells = {c.metadata["nbgrader"]["grade_id"]: c for c in solutions.notebook(lab).cells
+             if c.get("metadata", {}).get("nbgrader", {}).get("grade")}
+    def built(name, contract):          # a notebook object a check names, as the contract's objects build it
+        module, factory, kwargs = contract.objects[name]
+        return getattr(importlib.import_module(module), factory)(**kwargs)
+
+    for test in declared.fails:
+        contract = contracts[test]
+        visible = [call for call in judge.parse_test_cell(cells[test].source)[0] if not call.hidden]
+        assert visible, f"{test} has no visible checker call"
+        with pytest.raises(ContractError):
+            for call in visible:
+                kwargs = {k: built(v.name, contract) if isinstance(v, judge.KernelName) else v
+                          for k, v in call.kwargs.items()}
+                contract.checker(*(namespace[name] for name in call.functions), **kwargs)
 
 
 @pytest.mark.parametrize("lab", LABS)

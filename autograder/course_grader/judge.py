@@ -97,6 +97,7 @@ NOT_DEFINED = "{} is not defined in the notebook (its cell did not run, or raise
 # == errors ======================================================================================
 class JudgeError(RuntimeError):
     """The judgement could not be made (infrastructure, not a wrong answer): verdict "error"."""
+    grader_error = True     # a checker passes it on as it is (course_lib.grading.contracts.call_on_copies)
 
 
 class KernelDied(JudgeError):
@@ -114,6 +115,7 @@ class ProtocolError(JudgeError):
 class LearnerFault(Exception):
     """The learner's side failed a call: function missing, timed out, asked for input, result or
     argument state that cannot be sent as data. Verdict "failed"."""
+    grader_error = True     # its message already says what happened: a checker passes it on as it is
 
 
 class CallTimeout(LearnerFault):
@@ -447,7 +449,8 @@ class KernelSession:
         kw_nodes = [[k, encoder.encode(v)] for k, v in kwargs.items()]
         probes = remote.probe_request(encoder.objects, contract.probes if contract is not None else ())
         request = {"op": "call", "fn": name, "args": arg_nodes, "kwargs": kw_nodes, "objects": encoder.table,
-                   "grad": bool(torch.is_grad_enabled()), "probes": probes, **({"watch": watch} if watch else {})}
+                   "grad": bool(torch.is_grad_enabled()), "threads": torch.get_num_threads(), "probes": probes,
+                   **({"watch": watch} if watch else {})}
         self.calls += 1
         try:
             answer = self._exchange(request, deadline, name, encoder.callbacks, encoder.objects)
@@ -461,13 +464,21 @@ class KernelSession:
                                       valid and answer.get("observed") is True))
         decoder = remote.ResultDecoder(encoder.objects)
         try:
-            decoder.apply_state(answer.get("state", []), _writable_oids(
+            kept = decoder.apply_state(answer.get("state", []), _writable_oids(
                 encoder, arg_nodes, kw_nodes, contract.writes if contract is not None else None))
             remote.replay_probes(answer.get("probed", []), encoder.objects, probes)
         except TypeError as exc:
             raise LearnerFault(f"{name}: {exc}") from None
         except remote.RemoteDataError as exc:
             raise ProtocolError(f"{name}: argument state: {exc}") from None
+        changed = [oid for oid in kept if isinstance(encoder.objects[oid], torch.Tensor)]
+        if changed:
+            # course_lib.grading.contracts.call_on_copies: the same rule, in the learner's kernel
+            where = next((f"argument {i + 1}" for i, node in enumerate(arg_nodes)
+                          if node == {"$": "ref", "id": changed[0]}), "a tensor argument")
+            raise LearnerFault(f"{name}: your function changed its tensor {where} in place; a function must leave "
+                               "the tensors it is given as they were: work on a copy (x.clone(), torch.cat, "
+                               "torch.nn.functional.pad)")
         return _outcome(name, answer, decoder)
 
 

@@ -65,6 +65,8 @@ __all__ = ["PROTOCOL", "PROMPT", "RemoteDataError", "Opaque", "opaque_class", "C
            "probe_request", "replay_probes", "serve", "answer_call", "BUILTIN_ERRORS", "LIMITS"]
 
 PROTOCOL = "course-judge/2"
+#: The most intra-op threads a call request may ask the kernel for (its "threads": the judge's count).
+MAX_THREADS = 64
 #: Every harness message (an input_request prompt) starts with this.
 PROMPT = "\x1e" + PROTOCOL + " "
 
@@ -831,7 +833,9 @@ def _describe(ns: dict, name) -> dict:
 def answer_call(ns: dict, request: dict, ask) -> dict:
     """The kernel's answer to one "call" request of the judge: look ``request["fn"]`` up in the
     namespace ``ns``, call it on the decoded arguments (``ask`` carries its callbacks back to the
-    judge) and return the reply message: "returned" (with the encoded value), "raised",
+    judge) with the judge's grad mode and intra-op thread count (``grad``, ``threads``: a checker
+    that runs its calls on several threads, as Lab 6's does, gets them in the kernel too) and
+    return the reply message: "returned" (with the encoded value), "raised",
     "missing", "undecodable" or "unencodable", with the changed argument state (``state``), the
     probed forward calls (``probed``) and, when the request has ``watch``, which references ran."""
     name = request.get("fn")
@@ -851,7 +855,10 @@ def answer_call(ns: dict, request: dict, ask) -> dict:
     call["known"] = {id(obj): oid for oid, obj in decoder.memo.items()}
     from course_grader.provenance import Observer    # which declared references' code runs (if asked)
     observer = Observer(request.get("watch"))
+    threads, kernel_threads = request.get("threads"), torch.get_num_threads()
     try:
+        if type(threads) is int and 1 <= threads <= MAX_THREADS:
+            torch.set_num_threads(threads)      # as the checker runs in the judge (it may ask for several)
         with torch.set_grad_enabled(request.get("grad") is True), observer:
             result = fn(*args, **kwargs)
         out: dict = {"op": "returned"}
@@ -859,6 +866,7 @@ def answer_call(ns: dict, request: dict, ask) -> dict:
         result, out = None, {"op": "raised", "type": _type_name(exc), "message": _safe_str(exc)}
     finally:
         call["ended"] = True
+        torch.set_num_threads(kernel_threads)
         for handle in handles:
             with contextlib.suppress(Exception):
                 handle.remove()

@@ -272,6 +272,53 @@ def check_own_function(name: str, fn) -> None:
                                 f"{getattr(candidate, '__qualname__', '')}; the exercise asks for your own implementation")
 
 
+def call_on_copies(what: str, fn: Callable, *args, writes: Sequence[int] = (), **kwargs):
+    """``fn(*args, **kwargs)`` with every tensor argument (also those in a list or tuple argument)
+    replaced by a copy, except the positional arguments at the indices ``writes`` (those the
+    exercise's contract lets it write, ``tables.Writes.args``), passed as they are; returns what
+    fn returned.
+
+    The contract of every exercise that takes tensors and declares no in-place write: the function
+    leaves its inputs as they were (a caller still holds them: padding ``x`` in place with
+    ``x.resize_`` corrupts the caller's batch). The grading judge applies the same rule to the
+    learner's kernel (``course_grader.judge``).
+
+    Raises:
+        ContractError: fn raised (the message names it and the case, as a failed check), or
+            changed a tensor argument in place (its values, shape or dtype).
+        An exception whose class sets a true ``grader_error`` (the judge's own, about the kernel or
+        the call) passes through unchanged.
+    """
+    originals, copies = [], []
+
+    def copied(value):
+        if type(value) is torch.Tensor:
+            originals.append(value)
+            copies.append(value.clone())
+            return copies[-1]
+        if type(value) in (list, tuple):
+            return type(value)(copied(v) for v in value)
+        return value
+    args = tuple(a if i in writes else copied(a) for i, a in enumerate(args))
+    kwargs = {k: copied(v) for k, v in kwargs.items()}
+    try:
+        result = fn(*args, **kwargs)
+    except (ContractError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        if getattr(type(exc), "grader_error", False):   # the grading machinery's own (course_grader.judge)
+            raise
+        raise ContractError(f"{what}: your function raised {type(exc).__name__}: {exc}") from None
+    for n, (before, after) in enumerate(zip(originals, copies)):
+        if after.shape != before.shape or after.dtype != before.dtype or not torch.equal(after, before):
+            change = (f"shape {tuple(before.shape)} -> {tuple(after.shape)}" if after.shape != before.shape else
+                      f"dtype {before.dtype} -> {after.dtype}" if after.dtype != before.dtype else "its values")
+            raise ContractError(f"{what}: your function changed its tensor argument {n + 1} in place ({change}); a "
+                                "function must leave the tensors it is given as they were: work on a copy "
+                                "(x.clone(), torch.cat, torch.nn.functional.pad)")
+    return result
+
+
 def check_int_list(name: str, obj) -> list[int]:
     """Return a copy of ``obj`` if it is a list/tuple of exact ints (or a 1-D int64 tensor)."""
     if type(obj) is torch.Tensor:

@@ -24,7 +24,7 @@ from ..models.attention import attend_with_cache, causal_attention
 from ..models.config import ModelConfig, toy_config
 from ..models.decoder import Decoder, generate_full_recompute
 from ..models.rope import apply_rope
-from .contracts import (ContractError, check_bytes, check_close, check_int_list, check_logits_close,
+from .contracts import (ContractError, call_on_copies, check_bytes, check_close, check_int_list, check_logits_close,
                         check_own_function, check_tensor, diagnose, with_diagnosis)
 from .tables import Contract, Edit, Fault, Probe, Writes, check_tables
 
@@ -97,7 +97,7 @@ def check_apply_rope(fn: Callable, seed: int = 0, cases: int = 4) -> None:
             positions = torch.randint(0, 4096, (T,), generator=gen)
         if case == 0:
             positions[0] = 0
-        got = fn(x.clone(), positions.clone(), theta)
+        got = call_on_copies(f"apply_rope(case {case})", fn, x, positions, theta)
         try:
             check_close(got, rope_float64(x, positions, theta), dtype=torch.float32, rtol=0.0,
                         atol=rope_tolerance(x, positions),
@@ -134,8 +134,9 @@ def check_attention_step(fn: Callable, seed: int = 0, cases: int = 4) -> None:
         ref_k, ref_v = k_cache.clone(), v_cache.clone()
         expected = attend_with_cache(q, k_new, v_new, ref_k, ref_v, start)
         got_k, got_v = k_cache.clone(), v_cache.clone()
-        got = fn(q.clone(), k_new.clone(), v_new.clone(), got_k, got_v, start)
         label = f"case {case}: B {B}, {Hq} query heads over {Hkv} KV heads, start {start}, T {T}"
+        got = call_on_copies(f"attend_with_cache({label})", fn, q, k_new, v_new, got_k, got_v, start,
+                             writes=_CACHE_WRITES.args)
         out = check_tensor(f"attention output ({label})", got, shape=expected.shape, dtype=expected.dtype)
         if not torch.equal(got_k, ref_k) or not torch.equal(got_v, ref_v):
             wrote = (got_k != k_cache).any(dim=(0, 1, 3)).nonzero().flatten().tolist()
@@ -240,7 +241,8 @@ def check_generation(fn: Callable, seed: int = 0, model: Decoder | None = None,
     pristine = copy.deepcopy(model)
     counter = _TokenCounter(model)
     try:
-        result = fn(model, prompt.clone(), max_new_tokens)
+        result = call_on_copies(f"generate_with_cache(max_new_tokens={max_new_tokens})", fn, model, prompt,
+                                max_new_tokens)
     finally:
         counter.close()
     ref_tokens, ref_logits = generate_full_recompute(pristine, prompt, max_new_tokens)
@@ -374,7 +376,7 @@ def check_suffix_scores(fn: Callable, seed: int = 0, model: Decoder | None = Non
     expected = [_cold_last_logits(model, torch.cat([prefix, s])) for s in suffixes]
     counter = _TokenCounter(model)
     try:
-        result = fn(model, prefix.clone(), [s.clone() for s in suffixes])
+        result = call_on_copies(f"score_suffixes({len(suffixes)} suffixes)", fn, model, prefix, suffixes)
     finally:
         counter.close()
     if type(result) not in (list, tuple) or len(result) != len(suffixes):
@@ -488,13 +490,14 @@ def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: in
 # -- the lab's declared tables (see tables.py) -------------------------------------------------
 _TOY = {"toy": ("course_lib.models.decoder", "toy_decoder", {"seed": 0})}  # what the set-up cell builds
 _EMBEDDING = (Probe(Decoder, "embed_tokens"),)   # where _TokenCounter counts the token ids fed to the model
+_CACHE_WRITES = Writes(args=(3, 4))              # attend_with_cache writes its k_cache and v_cache
 
 CONTRACTS = (
     Contract("test_apply_rope", check_apply_rope, ("apply_rope",),
              references=("course_lib.models.rope.apply_rope", "course_lib.models.rope.rotate_pairs",
                          "course_lib.models.rope.rope_cos_sin", "course_lib.models.rope.rope_angles")),
     Contract("test_attend_with_cache", check_attention_step, ("attend_with_cache",),
-             writes=Writes(args=(3, 4)),                                           # k_cache, v_cache
+             writes=_CACHE_WRITES,
              references=("course_lib.models.attention.attend_with_cache",
                          "course_lib.models.attention.causal_attention")),
     Contract("test_generate_with_cache", check_generation, ("generate_with_cache",), objects=_TOY,

@@ -48,7 +48,8 @@ from ..quant import packing as P
 from ..quant.perplexity import perplexity as reference_perplexity
 from ..quant.perplexity import token_windows
 from ..quant import smoothquant as SQ
-from .contracts import ContractError, attempts, check_int, check_own_function, check_real, check_tensor, close, diagnose
+from .contracts import (ContractError, attempts, call_on_copies, check_int, check_own_function, check_real,
+                        check_tensor, close, diagnose)
 from .tables import Contract, Edit, Fault, check_tables
 
 __all__ = ["check_quantize_symmetric", "check_quantize_asymmetric", "check_int4_nbytes", "check_pack_int4",
@@ -192,7 +193,7 @@ def check_quantize_symmetric(quantize: Callable, dequantize: Callable, seed: int
         w = _weights(rng, out_f, in_f, group)
         what = f"quantize_symmetric(case {case}: w {out_f} x {in_f}, bits={bits}, group_size={group})"
         ref = Q.quantize(w, Q.QuantScheme(bits, "group", group, True, "fp32"))
-        result = quantize(w.clone(), bits, group)
+        result = call_on_copies(what, quantize, w, bits, group)
         if type(result) is not tuple or len(result) != 2:
             raise ContractError(f"{what} must return a tuple (codes, scales), got {type(result).__qualname__}")
         codes = check_tensor(f"{what}[0] (codes)", result[0], shape=(out_f, in_f), dtype=torch.int8)
@@ -218,8 +219,9 @@ def check_quantize_symmetric(quantize: Callable, dequantize: Callable, seed: int
             err = (f"{what}: code at {_where(bad)} is {int(codes[bad])}, expected {int(ref.codes[bad])} "
                    f"(w = {float(w[bad]):.6g}, scale {float(_expand(ref.scales, group)[bad]):.6g})")
             raise diagnose(err, (codes, scales), variants, same)
-        got = check_tensor(f"dequantize_symmetric(the codes of case {case})", dequantize(ref.codes.clone(),
-                           ref.scales.clone(), group), shape=(out_f, in_f), dtype=torch.float32)
+        call = f"dequantize_symmetric(the codes of case {case})"
+        got = check_tensor(call, call_on_copies(call, dequantize, ref.codes, ref.scales, group), shape=(out_f, in_f),
+                           dtype=torch.float32)
         expected = ref.dequantize()
         i = _first_over(got, expected)
         if i is not None:
@@ -227,7 +229,8 @@ def check_quantize_symmetric(quantize: Callable, dequantize: Callable, seed: int
                                 f"expected code * scale = {int(ref.codes[i])} * "
                                 f"{float(_expand(ref.scales, group)[i]):.8g} = {float(expected[i]):.8g}")
         _check_reconstruction(f"dequantize_symmetric(quantize_symmetric(...)) in case {case}", w,
-                              dequantize(codes.clone(), scales.clone(), group), scales, group)
+                              call_on_copies(f"dequantize_symmetric(your codes of case {case})", dequantize, codes,
+                                             scales, group), scales, group)
 
 
 # -- exercise 2: asymmetric min-max with a zero point -----------------------------------------
@@ -273,7 +276,7 @@ def check_quantize_asymmetric(quantize: Callable, dequantize: Callable, seed: in
         w = _weights(rng, out_f, in_f, group)
         what = f"quantize_asymmetric(case {case}: w {out_f} x {in_f}, bits={bits}, group_size={group})"
         ref = Q.quantize(w, Q.QuantScheme(bits, "group", group, False, "fp32"))
-        result = quantize(w.clone(), bits, group)
+        result = call_on_copies(what, quantize, w, bits, group)
         if type(result) is not tuple or len(result) != 3:
             raise ContractError(f"{what} must return a tuple (codes, scales, zeros), got {type(result).__qualname__}")
         n_groups = in_f // group
@@ -308,16 +311,16 @@ def check_quantize_asymmetric(quantize: Callable, dequantize: Callable, seed: in
                    f"(w = {float(w[bad]):.6g}, scale {float(_expand(ref.scales, group)[bad]):.6g}, zero point "
                    f"{float(_expand(ref.zeros, group)[bad]):g})")
             raise diagnose(err, (codes, scales, zeros), variants, same)
-        got = check_tensor(f"dequantize_asymmetric(the codes of case {case})",
-                           dequantize(ref.codes.clone(), ref.scales.clone(), ref.zeros.clone(), group),
+        call = f"dequantize_asymmetric(the codes of case {case})"
+        got = check_tensor(call, call_on_copies(call, dequantize, ref.codes, ref.scales, ref.zeros, group),
                            shape=(out_f, in_f), dtype=torch.float32)
         expected = ref.dequantize()
         i = _first_over(got, expected)
         if i is not None:
             raise ContractError(f"dequantize_asymmetric(case {case}): value at {_where(i)} is {float(got[i]):.8g}, "
                                 f"expected (code - zero point) * scale = {float(expected[i]):.8g}")
-        mine = check_tensor(f"dequantize_asymmetric(quantize_asymmetric(...)) in case {case}",
-                            dequantize(codes.clone(), scales.clone(), zeros.clone(), group), shape=(out_f, in_f),
+        call = f"dequantize_asymmetric(quantize_asymmetric(...)) in case {case}"
+        mine = check_tensor(call, call_on_copies(call, dequantize, codes, scales, zeros, group), shape=(out_f, in_f),
                             dtype=torch.float32)
         if bool((_expand(zero_groups, group) & (mine != 0)).any()):
             raise ContractError(f"{what}: an all-zero group must come back as zeros (its codes equal to its zero "
@@ -429,7 +432,7 @@ def check_pack_int4(pack: Callable, unpack: Callable, seed: int = 0, cases: int 
         n = codes.shape[-1]
         what = f"pack_int4(case {case}: codes of shape {tuple(codes.shape)})"
         expected = P.pack_int4(codes)
-        got = check_tensor(what, pack(codes.clone()), shape=expected.shape, dtype=torch.uint8)
+        got = check_tensor(what, call_on_copies(what, pack, codes), shape=expected.shape, dtype=torch.uint8)
         if not torch.equal(got, expected):
             i = tuple((got != expected).nonzero()[0].tolist())
             j = 2 * i[-1]
@@ -438,8 +441,8 @@ def check_pack_int4(pack: Callable, unpack: Callable, seed: int = 0, cases: int 
                    f"(it packs codes {pair})")
             raise diagnose(err, got, {k: (lambda f=f: _pack_variant(codes, **f)) for k, f in _PACK_FAULTS.items()},
                            torch.equal)
-        back = check_tensor(f"unpack_int4(pack_int4(codes), {n}) in case {case}", unpack(expected.clone(), n),
-                            shape=codes.shape, dtype=torch.int8)
+        call = f"unpack_int4(pack_int4(codes), {n}) in case {case}"
+        back = check_tensor(call, call_on_copies(call, unpack, expected, n), shape=codes.shape, dtype=torch.int8)
         if not torch.equal(back, codes):
             i = tuple((back != codes).nonzero()[0].tolist())
             raise ContractError(f"unpack_int4 (case {case}): code at {_where(i)} came back as {int(back[i])}, "
@@ -474,7 +477,7 @@ def check_split_windows(fn: Callable, seed: int = 0, cases: int = 4) -> None:
         gen = torch.Generator().manual_seed(rng.getrandbits(31))
         ids = torch.randperm(n, generator=gen) if case % 2 == 0 else torch.randint(0, 50, (n,), generator=gen)
         what = f"split_windows(case {case}: {ids.numel()} tokens, window={window}, n_eval={n_eval}, n_calib={n_calib})"
-        result = fn(ids.clone(), window, n_eval, n_calib)
+        result = call_on_copies(what, fn, ids, window, n_eval, n_calib)
         if type(result) is not tuple or len(result) != 2:
             raise ContractError(f"{what} must return a tuple (eval_windows, calib_windows)")
         ev = check_tensor(f"{what}[0] (evaluation windows)", result[0], shape=(n_eval, window), dtype=torch.int64)
@@ -557,7 +560,7 @@ def check_perplexity(fn: Callable, seed: int = 0, cases: int = 3) -> None:
             if abs(mean_of_windows / expected - 1) > 0.01:
                 break
         what = f"perplexity(case {case}: {n} windows of {T} tokens)"
-        got = check_real(what, fn(model, windows.clone()))
+        got = check_real(what, call_on_copies(what, fn, model, windows))
         if close(got, expected, rel=PERPLEXITY_RELATIVE):
             continue
         err = f"{what}: expected {expected:.8g}, got {got:.8g} (relative tolerance {PERPLEXITY_RELATIVE:g})"
@@ -566,12 +569,24 @@ def check_perplexity(fn: Callable, seed: int = 0, cases: int = 3) -> None:
 
 
 # -- exercise 7: SmoothQuant scales -----------------------------------------------------------
+def _same_smoothing(got: torch.Tensor, candidate: torch.Tensor) -> bool:
+    """GOT equals CANDIDATE: to a relative ``SMOOTH_RELATIVE`` where CANDIDATE is finite, and exactly
+    (inf for inf, NaN for NaN) where it is not, so a finite value never matches an inf or a NaN."""
+    got, candidate = got.double(), candidate.double()
+    finite = torch.isfinite(candidate)
+    if not bool(((got == candidate) | (got.isnan() & candidate.isnan()))[~finite].all()):
+        return False
+    return bool(torch.isfinite(got[finite]).all()) and \
+        _first_over(got[finite], candidate[finite], SMOOTH_RELATIVE) is None
+
+
 def check_smoothquant_scales(fn: Callable, seed: int = 0, cases: int = 4) -> None:
     """Contract: fn(act_absmax (in,), weight (out, in), alpha) returns float32 (in,) equal to
     s_j = max|X_j|^alpha / max_i |W_ij|^(1 - alpha), both maxima clamped to at least 1e-5
     (Xiao et al., SmoothQuant, arXiv:2211.10438; ``docs/quantization.md#smoothquant``), to a
     relative 1e-5. Case 0 uses alpha 0.8 (at 0.5 swapped exponents give the same scales); inputs
-    include a few outlier channels and an all-zero weight column."""
+    include a few outlier channels, an all-zero weight column and a dead channel (max|X_j| = 0), so
+    each clamp is checked on its own."""
     check_own_function("smoothquant_scales", fn)
     rng = random.Random(seed)
     for case in range(cases):
@@ -579,29 +594,36 @@ def check_smoothquant_scales(fn: Callable, seed: int = 0, cases: int = 4) -> Non
         out_f, in_f = rng.randint(2, 48), rng.randint(4, 64)
         alpha = 0.8 if case == 0 else rng.choice([0.25, 0.5, 0.65, 0.8, round(rng.uniform(0.05, 0.95), 3)])
         weight = torch.randn(out_f, in_f, generator=gen) * 0.05
-        weight[:, rng.randrange(in_f)] = 0.0
+        zero_column, dead = rng.sample(range(in_f), k=2)
+        weight[:, zero_column] = 0.0
         act = torch.rand(in_f, generator=gen) * 2 + 0.1
         for j in rng.sample(range(in_f), k=min(3, in_f)):
             act[j] *= rng.uniform(20, 200)
+        act[dead] = 0.0
         what = f"smoothquant_scales(case {case}: act_absmax ({in_f},), weight ({out_f}, {in_f}), alpha={alpha})"
         expected = SQ.smoothing_scales(act, weight, alpha)
-        got = check_tensor(what, fn(act.clone(), weight.clone(), alpha), shape=(in_f,), dtype=torch.float32)
-        first = _first_over(got, expected, SMOOTH_RELATIVE)
+        got = check_tensor(what, call_on_copies(what, fn, act, weight, alpha), shape=(in_f,), dtype=torch.float32,
+                           allow_nan=True)      # an inf or NaN is reported below, with its likely cause
+        infinite = ~torch.isfinite(got)
+        first = tuple(infinite.nonzero()[0].tolist()) if bool(infinite.any()) else \
+            _first_over(got, expected, SMOOTH_RELATIVE)
         if first is None:
             continue
         j = first[0]
         err = (f"{what}: s[{j}] = {float(got[j]):.8g}, expected {float(expected[j]):.8g} (max|X_j| = "
                f"{float(act[j]):.6g}, max_i |W_ij| = {float(weight[:, j].abs().max()):.6g})")
-        x_max, w_max = act.clamp(min=1e-5), weight.abs().amax(dim=0).clamp(min=1e-5)
-
-        def same(a, b):
-            return _first_over(a, b, SMOOTH_RELATIVE) is None
+        w_abs = weight.abs().amax(dim=0)
+        x_max, w_max = act.clamp(min=1e-5), w_abs.clamp(min=1e-5)
         raise diagnose(err, got, {
             "the exponents swapped: max|X_j|^(1 - alpha) / max|W_j|^alpha instead of max|X_j|^alpha / max|W_j|^(1 - alpha)":
                 lambda: x_max ** (1 - alpha) / w_max ** alpha,
             "the ratio inverted: max|W_j|^(1 - alpha) / max|X_j|^alpha": lambda: w_max ** (1 - alpha) / x_max ** alpha,
-            "the zero maxima not clamped to 1e-5": lambda: act ** alpha / weight.abs().amax(dim=0) ** (1 - alpha),
-        }, same)
+            "the activation maxima not clamped to 1e-5: a dead channel (max|X_j| = 0) gets s = 0":
+                lambda: act ** alpha / w_max ** (1 - alpha),
+            "the weight maxima not clamped to 1e-5: an all-zero weight column gets s = inf":
+                lambda: x_max ** alpha / w_abs ** (1 - alpha),
+            "neither maximum clamped to 1e-5": lambda: act ** alpha / w_abs ** (1 - alpha),
+        }, _same_smoothing)
 
 
 # -- the lab's declared tables (see tables.py) -------------------------------------------------
@@ -673,5 +695,9 @@ FAULTS = (
                 "return x_max ** (1 - alpha) / w_max ** alpha"),),
           {"test_smoothquant_scales": "exponents swapped"},
           "raises the activation maximum to 1 - alpha and the weight maximum to alpha"),
+    Fault("smoothquant_dead_channel_unclamped",
+          (Edit("smoothquant_scales", "x_max = act_absmax.clamp(min=1e-5)", "x_max = act_absmax"),),
+          {"test_smoothquant_scales": "activation maxima not clamped"},
+          "clamps the weight maxima but not the activation maxima, so a channel that never fires gets s = 0"),
 )
 check_tables(CONTRACTS, FAULTS)

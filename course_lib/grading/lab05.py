@@ -40,8 +40,8 @@ from ..speculative.drafts import ModelDraft, noisy_copy
 from ..speculative.exact import MarkovLM, chi_square_test, continuation_probabilities, sample_speculative
 from ..speculative.greedy import generate_speculative, speculative_step
 from ..speculative.sampling import acceptance_probability, accept_or_resample, total_variation
-from .contracts import (ContractError, attempts, check_int_list, check_own_function, check_real, diagnose,
-                        with_diagnosis)
+from .contracts import (ContractError, attempts, call_on_copies, check_int_list, check_own_function, check_real,
+                        diagnose, with_diagnosis)
 from .tables import Contract, Edit, Fault, Writes, check_tables
 
 #: Probability that a correct implementation fails one statistical check (all its tests together,
@@ -132,10 +132,34 @@ def _step_variants(p: torch.Tensor, q: torch.Tensor) -> dict[str, Callable[[], t
     }
 
 
+SEEDED_ROWS = 2_000   # rows of the calls that check the draws come from the seed alone
+
+
+def _check_seeded(fn: Callable, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, seed: int, what: str) -> None:
+    """Contract: the draws come from ``seed`` alone (``torch.Generator().manual_seed(seed)``). On the
+    first ``SEEDED_ROWS`` rows, two calls with the same seed give the same tokens and, where at least
+    20 of those rows are expected to be rejected (sum of TV(p, q) over rows), a call with seed + 1
+    other tokens (each such row's outcome then depends on the draws)."""
+    p, q, x = p[:SEEDED_ROWS], q[:SEEDED_ROWS], x[:SEEDED_ROWS]
+    first, _ = _call_step(fn, p, q, x, seed, what)
+    again, _ = _call_step(fn, p, q, x, seed, what)
+    if not torch.equal(first, again):
+        rows = int((first != again).sum())
+        raise ContractError(f"{what}: two calls with the same seed {seed} on the same {len(x):,} rows gave different "
+                            f"tokens in {rows:,} rows: the draws must come from torch.Generator().manual_seed(seed) "
+                            "alone (torch's global generator, or one not made from seed, gives other draws each call)")
+    if float((p - q).clamp(min=0).sum()) < 20:
+        return
+    other, _ = _call_step(fn, p, q, x, seed + 1, what)
+    if torch.equal(other, first):
+        raise ContractError(f"{what}: seeds {seed} and {seed + 1} gave the same {len(x):,} tokens: the draws must "
+                            "come from torch.Generator().manual_seed(seed)")
+
+
 def _call_step(fn: Callable, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, seed: int, what: str):
     """The learner's accept_or_resample on (N, V) rows, its result type-checked."""
     N, V = p.shape
-    result = fn(p.clone(), q.clone(), x.clone(), seed)
+    result = call_on_copies(what, fn, p, q, x, seed)
     if type(result) is not tuple or len(result) != 2:
         raise ContractError(f"{what}: accept_or_resample must return a tuple (tokens, accepted), got "
                             f"{type(result).__qualname__}")
@@ -215,10 +239,7 @@ def check_accept_or_resample(fn: Callable, seed: int = 0, cases: int = 2, trials
                                lambda got, cand: float(total_variation(got, cand)) < 0.25 * float(total_variation(got, p))
                                and float(total_variation(got, cand)) < 0.02) from None
         if case == 0:
-            again, _ = _call_step(fn, P, Q, x, call_seed + 1, what)
-            if torch.equal(again, tokens):
-                raise ContractError(f"{what}: seeds {call_seed} and {call_seed + 1} gave the same {trials:,} tokens: "
-                                    "the draws must come from torch.Generator().manual_seed(seed)")
+            _check_seeded(fn, P, Q, x, call_seed, what)
 
 
 # -- whole sequences ----------------------------------------------------------------------------
@@ -263,8 +284,14 @@ def check_sequence_distribution(fn: Callable, seed: int = 0, cases: int = 1, sam
 
 
 def _checked_accept(fn: Callable, what: str) -> Callable:
-    """fn as the sampler's acceptance step, each call's result checked as in check_accept_or_resample."""
+    """fn as the sampler's acceptance step, each call's result checked as in check_accept_or_resample,
+    and on the first call, that its draws come from the seed alone (``_check_seeded``)."""
+    first = [True]
+
     def accept(p, q, x, seed):
+        if first[0]:
+            first[0] = False
+            _check_seeded(fn, p, q, x, seed, what)
         return _call_step(fn, p, q, x, seed, what)
     return accept
 
@@ -279,9 +306,43 @@ def _hidden_target(seed: int) -> Decoder:
     return Decoder.random(config, seed)
 
 
+class _RecordingDraft:
+    """A draft that records each proposal it makes: (the committed tokens, the proposed tokens)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.calls = inner, []
+
+    def propose(self, tokens: list[int], gamma: int) -> list[int]:
+        proposals = self.inner.propose(tokens, gamma)
+        self.calls.append((list(tokens), list(proposals)))
+        return proposals
+
+    def rollback(self, length: int) -> None:
+        self.inner.rollback(length)
+
+
+@torch.no_grad()
+def _match_after_a_rejection(target: Decoder, draft: Decoder, prompt: torch.Tensor, n_new: int, gamma: int) -> bool:
+    """Whether some iteration of the reference run rejects a proposal and the target then agrees with a
+    later one. Only then does a step that counts every match (not the matching prefix) emit other
+    tokens, and, with the rejection before the last proposal, a draft cache never cropped show."""
+    recorder = _RecordingDraft(ModelDraft(draft, draft.new_cache(1, len(prompt) + n_new)))
+    generate_speculative(target, recorder, prompt, n_new, gamma)
+    for tokens, proposals in recorder.calls:
+        L = len(tokens)
+        verdict = target(torch.tensor([tokens + proposals]), torch.arange(L + len(proposals)))[0, L - 1:].argmax(-1)
+        agree = [p == int(v) for p, v in zip(proposals, verdict)]
+        if False in agree and True in agree[agree.index(False) + 1:]:
+            return True
+    return False
+
+
 def _greedy_case(seed: int, case: int, n_new: int):
     """(target, draft, draft name, prompt, gamma, greedy tokens) with no near-tie (top-2 gap >= 1e-3)
-    anywhere in the target's greedy decoding, so that float rounding cannot decide a token."""
+    anywhere in the target's greedy decoding, so that float rounding cannot decide a token. Every case
+    after the first drafts 3 to 5 tokens with a noisy copy, with rejections, accepted runs and an
+    iteration where the target agrees with a proposal after rejecting an earlier one
+    (``_match_after_a_rejection``), the visible case included."""
     rng = random.Random(seed * 7919 + case)
     target = _hidden_target(rng.randrange(2 ** 31))
     gen = torch.Generator().manual_seed(rng.randrange(2 ** 31))
@@ -293,12 +354,28 @@ def _greedy_case(seed: int, case: int, n_new: int):
         if case == 0:
             return target, target, "the target itself (every proposal is accepted)", prompt, rng.choice([2, 3, 4]), \
                 tokens.tolist()
-        gamma = rng.choice([1, 2, 3, 4, 5])
+        gamma = rng.choice([3, 4, 5])
         draft = noisy_copy(target, rng.choice([0.1, 0.15, 0.2]), rng.randrange(2 ** 31))
         stats = generate_speculative(target, draft, prompt, n_new, gamma)[1]
-        if stats.proposed - stats.accepted >= 2 and stats.accepted >= 2:   # rejections, and accepted runs
+        if stats.proposed - stats.accepted >= 2 and stats.accepted >= 2 \
+                and _match_after_a_rejection(target, draft, prompt, n_new, gamma):
             return target, draft, "a noisy copy of the target", prompt, gamma, tokens.tolist()
     raise AssertionError("unreachable")
+
+
+@torch.no_grad()
+def _committed_mismatch(model: Decoder, got: KVCache, committed: list[int], start: int) -> int | None:
+    """First slot s in start .. got.length - 1 whose K/V differ (atol 1e-4) from MODEL's own K/V of the
+    committed tokens at positions 0 .. s (a fresh prefill), or None. A draft fed its last proposal
+    before the target accepted it holds one slot more than the reference's, and that slot is right
+    when it holds the committed token's K/V (the contract: the draft's cache holds committed tokens)."""
+    n = got.length
+    fresh = model.new_cache(1, n)
+    model(torch.tensor([committed[:n]]), torch.arange(n), fresh)
+    diff = ((got.k[:, :, :, start:n] - fresh.k[:, :, :, start:n]).abs().amax(dim=(0, 1, 2, 4)) +
+            (got.v[:, :, :, start:n] - fresh.v[:, :, :, start:n]).abs().amax(dim=(0, 1, 2, 4)))
+    bad = (diff > 1e-4).nonzero()
+    return start + int(bad[0]) if len(bad) else None
 
 
 def _slot_mismatch(got: KVCache, ref: KVCache, n: int, atol: float = 1e-4) -> int | None:
@@ -357,6 +434,8 @@ def check_greedy_speculative_step(fn: Callable, seed: int = 0, cases: int = 2, n
             except (ContractError, KeyboardInterrupt):
                 raise
             except Exception as exc:
+                if getattr(type(exc), "grader_error", False):      # the judge's own (contracts.call_on_copies)
+                    raise
                 raise _raised(label, exc, gamma, k) from None
             emitted = check_int_list("the emitted tokens", result)
             want = list(expected.emitted)
@@ -364,7 +443,9 @@ def check_greedy_speculative_step(fn: Callable, seed: int = 0, cases: int = 2, n
                 raise _wrong_tokens(label, emitted, want, gamma, k, tokens, greedy, T0, caches[1], ref_draft.cache)
             _check_lengths(label, caches, L, want, gamma, k)
             for which, got, ref in (("target_cache", caches[0], ref_target), ("draft_cache", caches[1], ref_draft.cache)):
-                slot = _slot_mismatch(got, ref, got.length)
+                slot = _slot_mismatch(got, ref, min(got.length, ref.length))
+                if slot is None and got.length > ref.length:     # a draft that was also fed its last proposal
+                    slot = _committed_mismatch(draft, got, tokens + want, ref.length)
                 if slot is not None:
                     raise _slot_error(label, which, slot, tokens + want, k, gamma)
             tokens += want
@@ -417,6 +498,10 @@ def _wrong_tokens(label, emitted, want, gamma, k, tokens, greedy, T0, draft_cach
     err = ContractError(f"{label}: emitted {emitted}, the reference iteration emits {want} ({k} of {gamma} "
                         "proposals accepted, then the target's own token)")
     start = len(tokens) - T0
+    if k < gamma and len(emitted) > len(want) and emitted[:k] == want[:k]:
+        return with_diagnosis(err, f"proposals accepted past the first mismatch: the target rejected proposal {k + 1} "
+                              f"(its own token there is {want[k]}), so the iteration ends with that token; the "
+                              "accepted count is the length of the matching prefix, not the number of matches")
     if emitted != greedy[start:start + len(emitted)]:
         return err
     slot = _slot_mismatch(draft_cache, ref_draft_cache, min(draft_cache.length, ref_draft_cache.length))
@@ -540,12 +625,22 @@ FAULTS = (
           (Edit("greedy_speculative_step", "missing = tokens[draft_cache.length:]", "missing = tokens[-1:]"),),
           {"test_greedy_speculative_step": "not fed every committed token"},
           "feeds the draft only the newest committed token, though after a full acceptance it lacks two"),
+    Fault("accepted_count_not_prefix",
+          (Edit("greedy_speculative_step", "    while k < gamma and proposals[k] == verdict[k]:\n        k += 1\n",
+                "    k = sum(p == v for p, v in zip(proposals, verdict))\n"),),
+          {"test_greedy_speculative_step": "accepted past the first mismatch"},
+          "counts every proposal the target agrees with, also after its first mismatch, instead of the matching prefix"),
     Fault("residual_not_renormalised",
           (Edit("accept_or_resample", "cdf = (residual / residual.sum(-1, keepdim=True)).cumsum(-1)",
                 "cdf = residual.cumsum(-1)"),),
           {"test_accept_or_resample": "residual not renormalised",
            "test_sequence_distribution": "do not follow the target"},
           "samples max(0, p - q) by inverse CDF without dividing by its sum"),
+    Fault("seed_ignored",
+          (Edit("accept_or_resample", "gen = torch.Generator().manual_seed(seed)", "gen = None"),),
+          {"test_accept_or_resample": r"must come from torch\.Generator\(\)\.manual_seed\(seed\) alone",
+           "test_sequence_distribution": r"must come from torch\.Generator\(\)\.manual_seed\(seed\) alone"},
+          "draws from torch's global generator (generator=None), so the same seed gives other tokens each call"),
     Fault("p_q_swapped",
           (Edit("accept_or_resample", "ratio = p[rows, x] / q[rows, x]", "ratio = q[rows, x] / p[rows, x]"),
            Edit("accept_or_resample", "residual = (p - q).clamp(min=0)", "residual = (q - p).clamp(min=0)")),

@@ -20,6 +20,7 @@ When a contract fails, the checker names the listed fault that matches (docs/bat
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 from typing import Callable
@@ -30,7 +31,7 @@ from ..batching import REPORT_KEYS, divergence_report
 from ..divergence import first_divergence, top2_gap
 from ..models.config import toy_config
 from ..models.decoder import Decoder
-from .contracts import (ContractError, check_logits_close, check_own_function, check_real, check_tensor,
+from .contracts import (ContractError, attempts, call_on_copies, check_logits_close, check_own_function, check_real, check_tensor,
                         with_diagnosis)
 from .tables import Contract, Edit, Fault, check_tables
 
@@ -91,7 +92,7 @@ def check_pad_batch(fn: Callable, seed: int = 0, cases: int = 2) -> None:
         prompts = [torch.randint(1, V, (n,), generator=g) for n in lengths]
         pad_id = rng.choice([0, int(prompts[0][0])])                      # a pad id may equal a real token's
         what = f"case {case}: prompts of lengths {lengths}, pad_id {pad_id}"
-        result = fn([p.clone() for p in prompts], pad_id)
+        result = call_on_copies(f"pad_batch({what})", fn, list(prompts), pad_id)
         if type(result) is not tuple or len(result) != 3:
             raise ContractError(f"{what}: pad_batch must return a tuple (input_ids, attention_mask, position_ids), "
                                 f"got {type(result).__qualname__}")
@@ -201,7 +202,7 @@ def check_divergence_report(fn: Callable, seed: int = 0, cases: int = 4) -> None
         want = divergence_report(st, bt, sl, bl)
         where = "identical tokens" if first is None else f"tokens first differ at step {first}"
         what = f"case {case} ({len(st)} steps, {where})"
-        got = fn(st.clone(), bt.clone(), sl.clone(), bl.clone())
+        got = call_on_copies(f"divergence_report({what})", fn, st, bt, sl, bl)
         if type(got) is not dict:
             raise ContractError(f"{what}: divergence_report must return a dict with keys {list(REPORT_KEYS)}, got "
                                 f"{type(got).__qualname__}")
@@ -214,14 +215,30 @@ def check_divergence_report(fn: Callable, seed: int = 0, cases: int = 4) -> None
             value, expected = got[key], getattr(want, key)
             if value != expected or (value is not None and type(value) is not int):
                 kind = "an int, or None when the tokens are equal" if key == "first_difference" else "an int"
-                raise ContractError(_with_fault(f"{what}: {key} must be {expected!r} ({kind}), got {value!r}",
-                                                key, value, st, bt, sl, bl, first))
+                message = f"{what}: {key} must be {expected!r} ({kind}), got {value!r}"
+                if key == "gap_step":
+                    message += _tie_note(value, expected, sl[:want.compared_steps])
+                raise ContractError(_with_fault(message, key, value, st, bt, sl, bl, first))
         for key in ("max_logit_difference", "smallest_top2_gap"):
             value = check_real(key, got[key])
             expected = getattr(want, key)
             if not math.isclose(value, expected, rel_tol=1e-5, abs_tol=1e-7):
                 raise ContractError(_with_fault(f"{what}: {key} must be {expected:.6g}, got {value:.6g}",
                                                 key, value, st, bt, sl, bl, first))
+
+
+def _tie_note(value, expected: int, logits: torch.Tensor) -> str:
+    """When VALUE is another compared step whose top-2 gap is within float32 rounding (relative 1e-6) of
+    the smallest, the rule that decides such a tie; else ""."""
+    gaps = top2_gap(logits).double()
+    if type(value) is not int or not 0 <= value < len(gaps) or value == expected:
+        return ""
+    smallest = float(gaps[expected])
+    if not math.isclose(float(gaps[value]), smallest, rel_tol=1e-6):
+        return ""
+    return (f": steps {min(value, expected)} and {max(value, expected)} tie at the smallest top-2 gap "
+            f"({float(gaps[value]):.8g} and {smallest:.8g}, equal to float32 rounding), and on a tie gap_step is the "
+            "first such step (as torch.argmin returns it)")
 
 
 def _with_fault(message: str, key: str, value, st, bt, sl, bl, first) -> ContractError:
@@ -259,51 +276,92 @@ def _with_fault(message: str, key: str, value, st, bt, sl, bl, first) -> Contrac
 #: (K, N) of SmolLM2-135M's projections (q/o, k/v, gate/up, down), and ragged ones drawn per case.
 SMOLLM2_SHAPES = ((576, 576), (576, 192), (576, 1536), (1536, 576))
 BATCHES = (1, 2, 3, 4, 5, 8, 9, 16)
+#: Intra-op threads the learner's function runs on, at least (the judge asks its kernel for as many).
+THREADS = 2
+
+
+@contextlib.contextmanager
+def _threads(at_least: int):
+    """torch's intra-op threads raised to AT_LEAST for the block (a grader with one thread per job
+    must check what a learner's machine with several does), then put back."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(at_least, before))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _ragged_shape(rng: random.Random) -> tuple[int, int]:
+    """(K, N) with K and N not multiples of 4 and N >= 64: the rows of x then start at addresses of
+    every alignment, where a matrix-vector product per row (x[i:i+1] @ weight.T) on several threads
+    adds in an order that follows the address (MKL, measured: such a row differs from itself alone
+    in nearly every place), and the split of N over threads is uneven."""
+    for _ in attempts("Lab 6"):
+        K, N = rng.randrange(100, 700), rng.randrange(64, 400)
+        if K % 4 and N % 4:
+            return K, N
+    raise AssertionError("unreachable")
 
 
 def check_invariant_linear(fn: Callable, seed: int = 0, cases: int = 2) -> None:
     """``fn(x, weight) -> y``: x (M, K) float32, weight (N, K) float32, y (M, N) float32 = x @ weight.T, with
-    each row's bits independent of the other rows and of M.
+    each row's bits independent of the other rows and of M, on ``THREADS`` or more threads. Case 0 is one of
+    SmolLM2-135M's projections, case 1 a ragged shape (``_ragged_shape``); each row is checked in several
+    places of batches of ``BATCHES`` rows. fn must leave x and weight as they were.
 
     Raises: ContractError naming the batch size and place where a row changed, or the accuracy failure."""
     check_own_function("invariant_linear", fn)
     rng = random.Random(seed)
     shapes = list(SMOLLM2_SHAPES)
     rng.shuffle(shapes)
-    for case in range(cases):
-        K, N = shapes[case % len(shapes)] if case % 2 == 0 else (rng.randrange(100, 700), rng.randrange(30, 400))
-        g = torch.Generator().manual_seed(rng.randrange(2 ** 31))
-        weight = torch.randn(N, K, generator=g) / math.sqrt(K)
-        row = torch.randn(1, K, generator=g)
-        what = f"case {case}: weight ({N}, {K})"
-        alone = check_tensor(f"{what}: invariant_linear(x (1, {K}), weight)", fn(row.clone(), weight.clone()),
-                             shape=(1, N), dtype=torch.float32)[0]
-        for M in BATCHES:
-            for place in sorted({0, rng.randrange(M), M - 1}):
-                # the row comes back scaled by a power of two: exact in float32, so a product that adds in a
-                # fixed order gives exactly scale * alone (and a memo of rows seen before cannot answer)
-                scale = rng.choice([-1.0, 1.0]) * 2.0 ** rng.randrange(-3, 4)
-                x = torch.randn(M, K, generator=g)
-                x[place] = row[0] * scale
-                y = check_tensor(f"{what}: invariant_linear(x ({M}, {K}), weight)", fn(x.clone(), weight.clone()),
-                                 shape=(M, N), dtype=torch.float32)
-                exact = x.double() @ weight.double().T
-                bound = 2 * (K + 2) * 2.0 ** -24 * (x.double().abs() @ weight.double().abs().T) + 1e-30
-                over = (y.double() - exact).abs() > bound
-                if bool(over.any()):
-                    r, c = (int(i) for i in over.nonzero()[0])
-                    raise ContractError(f"{what}, M = {M}: y[{r}, {c}] = {float(y[r, c]):.7g} but x @ weight.T is "
-                                        f"{float(exact[r, c]):.7g} (more than float32 rounding, {float(bound[r, c]):.2g}, "
-                                        f"apart): y must be x @ weight.T, every row of it")
-                if not torch.equal(y[place], alone * scale):
-                    diff = float((y[place] - alone * scale).abs().max())
-                    raise with_diagnosis(
-                        f"{what}: a row gives other bits at row {place} of a batch of {M} than alone (the row entered "
-                        f"scaled by {scale:g}, which is exact, so the result must be exactly {scale:g} times the row's "
-                        f"result alone; max |diff| {diff:.3g}): a row's result changes with the batch it is in",
-                        "a reduction whose split depends on the batch size: one product over all M rows lets the matrix "
-                        "library pick its kernel and its order of additions from M; call it only on tiles of a fixed "
-                        "number of rows (pad the last tile with zero rows)")
+    with _threads(THREADS):
+        for case in range(cases):
+            K, N = shapes[case % len(shapes)] if case % 2 == 0 else _ragged_shape(rng)
+            g = torch.Generator().manual_seed(rng.randrange(2 ** 31))
+            weight = torch.randn(N, K, generator=g) / math.sqrt(K)
+            row = torch.randn(1, K, generator=g)
+            what = f"case {case}: weight ({N}, {K})"
+            call = f"{what}: invariant_linear(x (1, {K}), weight)"
+            alone = check_tensor(call, call_on_copies(call, fn, row, weight), shape=(1, N), dtype=torch.float32)[0]
+            for M in BATCHES:
+                for place in sorted({0, rng.randrange(M), M - 1}):
+                    _check_row_in_batch(fn, what, weight, row, alone, M, place, rng, g)
+
+
+def _check_row_in_batch(fn: Callable, what: str, weight: torch.Tensor, row: torch.Tensor, alone: torch.Tensor,
+                        M: int, place: int, rng: random.Random, g: torch.Generator) -> None:
+    """ROW at row PLACE of a batch of M drawn rows: y must be x @ weight.T to float32 rounding, and that
+    row exactly a power-of-two multiple of ALONE."""
+    N, K = weight.shape
+    # the row comes back scaled by a power of two: exact in float32, so a product that adds in a
+    # fixed order gives exactly scale * alone (and a memo of rows seen before cannot answer)
+    scale = rng.choice([-1.0, 1.0]) * 2.0 ** rng.randrange(-3, 4)
+    x = torch.randn(M, K, generator=g)
+    x[place] = row[0] * scale
+    call = f"{what}: invariant_linear(x ({M}, {K}), weight)"
+    y = check_tensor(call, call_on_copies(call, fn, x, weight), shape=(M, N), dtype=torch.float32)
+    exact = x.double() @ weight.double().T
+    bound = 2 * (K + 2) * 2.0 ** -24 * (x.double().abs() @ weight.double().abs().T) + 1e-30
+    over = (y.double() - exact).abs() > bound
+    if bool(over.any()):
+        r, c = (int(i) for i in over.nonzero()[0])
+        raise ContractError(f"{what}, M = {M}: y[{r}, {c}] = {float(y[r, c]):.7g} but x @ weight.T is "
+                            f"{float(exact[r, c]):.7g} (more than float32 rounding, {float(bound[r, c]):.2g}, "
+                            f"apart): y must be x @ weight.T, every row of it")
+    if torch.equal(y[place], alone * scale):
+        return
+    diff = float((y[place] - alone * scale).abs().max())
+    err = (f"{what}: a row gives other bits at row {place} of a batch of {M} than alone (the row entered scaled by "
+           f"{scale:g}, which is exact, so the result must be exactly {scale:g} times the row's result alone; max "
+           f"|diff| {diff:.3g}): a row's result changes with the batch it is in")
+    fix = "call the product only on tiles of a fixed number of rows (pad the last tile with zero rows)"
+    if torch.equal(y[place], (x @ weight.T)[place]):
+        raise with_diagnosis(err, "a reduction whose split depends on the batch size: one product over all M rows "
+                                  f"lets the matrix library pick its kernel and its order of additions from M; {fix}")
+    raise with_diagnosis(err, "a product per row: a one-row product (x[i:i+1] @ weight.T) runs a matrix-vector "
+                              "kernel whose order of additions on several threads can follow where the row sits in "
+                              f"memory, so the row's place in the batch changes its bits; {fix}")
 
 
 # -- the tables ------------------------------------------------------------------------------------
