@@ -49,8 +49,8 @@ help:
 	@echo "make model       resolve the default model and convert it once into the cache (~20 s)"
 	@echo "make sandbox     install/check bubblewrap, the sandbox grading runs learner code in"
 	@echo "make run         execute the solution notebooks, regenerate labs/, grade the sample submissions"
-	@echo "make test        library tests, nbval on solutions/, labs/ in sync, the solution samples graded, the browser checks (about 25 min)"
-	@echo "make test-full   make test, then every sample (the injected faults) and the hostile submissions graded: what CI runs (about an hour)"
+	@echo "make test        library tests, nbval on solutions/, labs/ in sync, the solution samples graded, the browser checks (about 20 min)"
+	@echo "make test-full   make test, then every sample (the injected faults) and the hostile submissions graded: what CI runs (about 31 min)"
 	@echo "make test-grading  grade every sample submission against expected_scores.csv (part of make test-full)"
 	@echo "make test-fast   the unit tests without the slow ones (about a minute on an idle 2-core machine): run it while editing"
 	@echo "make test-hostile  grade autograder/hostile/ and check nothing outside the work folder changed (part of make test-full)"
@@ -108,7 +108,7 @@ run: model sandbox
 	$(MAKE) --no-print-directory release
 	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) $(GRADE_ARGS)
 
-# Under 30 minutes on 2 cores (the target; 25.3 min measured from a fresh clone: install 2, test-lib 10, nbval 6.5, grading 4, browser 2.5). The whole fault sweep and the hostile suite (about half an hour more)
+# Under 30 minutes on 2 cores (the target; about 20 min measured from a fresh clone within .ci/run: test-lib 9, nbval 5.4, grading 1.2, browser 2.1, the rest install). The whole fault sweep and the hostile suite (about 11 minutes more)
 # are test-full's; CI (.ci/run) runs make test, then them.
 test: model test-lib test-notebooks test-grading-core test-browser
 
