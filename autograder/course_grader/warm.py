@@ -119,18 +119,24 @@ def run(args: list[str], cwd: Path, log: Path, env: dict[str, str], timeout: flo
     if on_start is not None:
         on_start(process)
     process.join(timeout)
-    if process.exitcode is None:
+    timed_out = process.exitcode is None
+    if timed_out:
         kill_group(process)
         process.join()
-        return None
-    return process.exitcode
+    code = process.exitcode
+    process.close()                            # its pipe and sentinel now, not at garbage collection
+    return None if timed_out else code
 
 
 def kill_group(process) -> None:
     """SIGKILL PROCESS's group (it leads one from its first instruction), or PROCESS alone when
-    it has not made its group yet."""
+    it has not made its group yet; nothing for a Process already closed."""
     try:
-        os.killpg(process.pid, signal.SIGKILL)
+        pid = process.pid
+    except ValueError:                          # a closed multiprocessing Process: it has ended
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(process.pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
