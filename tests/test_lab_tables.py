@@ -3,7 +3,6 @@ notebook: the solution passes every contract; each fault, injected by its edits 
 cells, fails exactly the tests it lists, each with its symptom named; the notebook's graded cells
 call the declared checkers on the declared functions. A fault added to a table is tested here
 with no other change."""
-import importlib
 import re
 
 import pytest
@@ -66,17 +65,13 @@ def test_each_fault_fails_the_visible_checks_alone(lab, fault):
     contracts = {c.test: c for c in module.CONTRACTS}
     cells = {c.metadata["nbgrader"]["grade_id"]: c for c in solutions.notebook(lab).cells
              if c.get("metadata", {}).get("nbgrader", {}).get("grade")}
-    def built(name, contract):          # a notebook object a check names, as the contract's objects build it
-        module, factory, kwargs = contract.objects[name]
-        return getattr(importlib.import_module(module), factory)(**kwargs)
-
     for test in declared.fails:
         contract = contracts[test]
         visible = [call for call in judge.parse_test_cell(cells[test].source)[0] if not call.hidden]
         assert visible, f"{test} has no visible checker call"
         with pytest.raises(ContractError):
             for call in visible:
-                kwargs = {k: built(v.name, contract) if isinstance(v, judge.KernelName) else v
+                kwargs = {k: contract.build_object(v.name) if isinstance(v, judge.KernelName) else v
                           for k, v in call.kwargs.items()}
                 contract.checker(*(namespace[name] for name in call.functions), **kwargs)
 

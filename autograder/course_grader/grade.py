@@ -445,11 +445,7 @@ def run_nbgrader(args: list[str], cwd: Path, log: Path, env: dict[str, str],
         if STOPPING.is_set():
             raise Stopped("grading was stopped")
         if warm.started():
-            forked = []
-            try:
-                code = warm.run(args, cwd, log, env, timeout, on_start=lambda p: (forked.append(p), RUNNING.add(p)))
-            finally:
-                RUNNING.difference_update(forked)
+            code = warm.run(args, cwd, log, env, timeout, running=RUNNING)
         else:
             proc = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=cwd, env=env,
                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -457,7 +453,7 @@ def run_nbgrader(args: list[str], cwd: Path, log: Path, env: dict[str, str],
             try:
                 code = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                _kill_group(proc)
+                warm.kill_group(proc)
                 proc.wait()
                 code = None
             finally:
@@ -471,10 +467,6 @@ def run_nbgrader(args: list[str], cwd: Path, log: Path, env: dict[str, str],
     return code, last_error_line(log) or f"nbgrader {args[0]} exited with {code}"
 
 
-def _kill_group(proc) -> None:
-    warm.kill_group(proc)
-
-
 def stop_on_signals() -> None:
     """On SIGTERM or SIGINT: kill every running nbgrader process group (with it the grading kernel,
     whose bubblewrap sandbox dies with its parent), start nothing new, and let run() end with
@@ -482,7 +474,7 @@ def stop_on_signals() -> None:
     def handler(signum, frame):
         STOPPING.set()
         for proc in list(RUNNING):
-            _kill_group(proc)
+            warm.kill_group(proc)
         raise Stopped(f"grading was stopped by {signal.Signals(signum).name}")
 
     for signum in (signal.SIGTERM, signal.SIGINT):

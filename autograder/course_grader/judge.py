@@ -97,7 +97,7 @@ NOT_DEFINED = "{} is not defined in the notebook (its cell did not run, or raise
 # == errors ======================================================================================
 class JudgeError(RuntimeError):
     """The judgement could not be made (infrastructure, not a wrong answer): verdict "error"."""
-    grader_error = True     # a checker passes it on as it is (course_lib.grading.contracts.call_on_copies)
+    grader_error = True     # a checker passes it on as it is (course_lib.grading.contracts.is_grader_error)
 
 
 class KernelDied(JudgeError):
@@ -711,13 +711,12 @@ def declared_contract(module: str, checker: str):
     raise UnsupportedCell(f"course_lib.grading.{module}.CONTRACTS declares no contract for {checker}")
 
 
-def _substitute(name: str, objects: dict, cache: dict):
+def _substitute(name: str, contract, cache: dict):
     """The judge's own copy of the notebook object NAME, built as the contract's ``objects`` say."""
-    if name not in objects:
+    if name not in contract.objects:
         raise UnsupportedCell(f"keyword value {name!r} names a kernel object the judge has no substitute for")
     if name not in cache:
-        module, factory, kwargs = objects[name]
-        cache[name] = getattr(importlib.import_module(module), factory)(**kwargs)
+        cache[name] = contract.build_object(name)
     return cache[name]
 
 
@@ -749,7 +748,7 @@ def _run_check(session: KernelSession, call: CheckCall, seeds: dict, record: dic
     if contract.references:
         record["references"] = list(contract.references)
     kwargs = {key: seeds[key] if value is FRESH else
-              _substitute(value.name, contract.objects, cache) if isinstance(value, KernelName) else value
+              _substitute(value.name, contract, cache) if isinstance(value, KernelName) else value
               for key, value in call.kwargs.items()}
     info = session.describe(call.functions, deadline())
     proxies = []

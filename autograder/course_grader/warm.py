@@ -106,23 +106,26 @@ def _command(args: list[str], cwd: str, log: str, env: dict[str, str]) -> None:
 
 
 def run(args: list[str], cwd: Path, log: Path, env: dict[str, str], timeout: float | None,
-        on_start=None) -> int | None:
+        running: set | None = None) -> int | None:
     """Run ``nbgrader ARGS`` as a fork, in CWD, appending its output to LOG; return its exit code,
-    or None when it ran past TIMEOUT seconds (its process group was killed). ON_START(process) is
-    called once it runs (the driver records it to kill on SIGTERM)."""
+    or None when it ran past TIMEOUT seconds (its process group was killed). While it runs, the
+    process is in RUNNING (the driver's set of what to kill on SIGTERM)."""
     if _context is None:
         start()
     process = _context.Process(target=_command, args=(list(args), str(cwd), str(log), dict(env)),
                                name=f"nbgrader {args[0] if args else ''}")
     with _lock:
         process.start()
-    if on_start is not None:
-        on_start(process)
-    process.join(timeout)
-    timed_out = process.exitcode is None
-    if timed_out:
-        kill_group(process)
-        process.join()
+    running = set() if running is None else running
+    running.add(process)
+    try:
+        process.join(timeout)
+        timed_out = process.exitcode is None
+        if timed_out:
+            kill_group(process)
+            process.join()
+    finally:
+        running.discard(process)
     code = process.exitcode
     process.close()                            # its pipe and sentinel now, not at garbage collection
     return None if timed_out else code

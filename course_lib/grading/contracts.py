@@ -272,6 +272,13 @@ def check_own_function(name: str, fn) -> None:
                                 f"{getattr(candidate, '__qualname__', '')}; the exercise asks for your own implementation")
 
 
+def is_grader_error(exc: BaseException) -> bool:
+    """Whether EXC is the grading machinery's own (its class sets a true ``grader_error``: the judge's
+    errors about the kernel or the call, ``course_grader.judge``), which a checker passes on as it is
+    instead of reporting it as something the learner's function raised."""
+    return bool(getattr(type(exc), "grader_error", False))
+
+
 def call_on_copies(what: str, fn: Callable, *args, writes: Sequence[int] = (), **kwargs):
     """``fn(*args, **kwargs)`` with every tensor argument (also those in a list or tuple argument)
     replaced by a copy, except the positional arguments at the indices ``writes`` (those the
@@ -286,8 +293,7 @@ def call_on_copies(what: str, fn: Callable, *args, writes: Sequence[int] = (), *
     Raises:
         ContractError: fn raised (the message names it and the case, as a failed check), or
             changed a tensor argument in place (its values, shape or dtype).
-        An exception whose class sets a true ``grader_error`` (the judge's own, about the kernel or
-        the call) passes through unchanged.
+        An exception of the grading machinery (``is_grader_error``) passes through unchanged.
     """
     originals, copies = [], []
 
@@ -306,7 +312,7 @@ def call_on_copies(what: str, fn: Callable, *args, writes: Sequence[int] = (), *
     except (ContractError, KeyboardInterrupt):
         raise
     except Exception as exc:
-        if getattr(type(exc), "grader_error", False):   # the grading machinery's own (course_grader.judge)
+        if is_grader_error(exc):
             raise
         raise ContractError(f"{what}: your function raised {type(exc).__name__}: {exc}") from None
     for n, (before, after) in enumerate(zip(originals, copies)):

@@ -41,7 +41,7 @@ from ..speculative.exact import MarkovLM, chi_square_test, continuation_probabil
 from ..speculative.greedy import generate_speculative, speculative_step
 from ..speculative.sampling import acceptance_probability, accept_or_resample, total_variation
 from .contracts import (ContractError, attempts, call_on_copies, check_int_list, check_own_function, check_real,
-                        diagnose, with_diagnosis)
+                        diagnose, is_grader_error, with_diagnosis)
 from .tables import Contract, Edit, Fault, Writes, check_tables
 
 #: Probability that a correct implementation fails one statistical check (all its tests together,
@@ -322,13 +322,12 @@ class _RecordingDraft:
 
 
 @torch.no_grad()
-def _match_after_a_rejection(target: Decoder, draft: Decoder, prompt: torch.Tensor, n_new: int, gamma: int) -> bool:
-    """Whether some iteration of the reference run rejects a proposal and the target then agrees with a
-    later one. Only then does a step that counts every match (not the matching prefix) emit other
-    tokens, and, with the rejection before the last proposal, a draft cache never cropped show."""
-    recorder = _RecordingDraft(ModelDraft(draft, draft.new_cache(1, len(prompt) + n_new)))
-    generate_speculative(target, recorder, prompt, n_new, gamma)
-    for tokens, proposals in recorder.calls:
+def _match_after_a_rejection(target: Decoder, calls: list[tuple[list[int], list[int]]]) -> bool:
+    """Whether some iteration of a reference run (its ``_RecordingDraft.calls``) rejects a proposal and
+    the target then agrees with a later one. Only then does a step that counts every match (not the
+    matching prefix) emit other tokens, and, with the rejection before the last proposal, a draft
+    cache never cropped show."""
+    for tokens, proposals in calls:
         L = len(tokens)
         verdict = target(torch.tensor([tokens + proposals]), torch.arange(L + len(proposals)))[0, L - 1:].argmax(-1)
         agree = [p == int(v) for p, v in zip(proposals, verdict)]
@@ -356,9 +355,10 @@ def _greedy_case(seed: int, case: int, n_new: int):
                 tokens.tolist()
         gamma = rng.choice([3, 4, 5])
         draft = noisy_copy(target, rng.choice([0.1, 0.15, 0.2]), rng.randrange(2 ** 31))
-        stats = generate_speculative(target, draft, prompt, n_new, gamma)[1]
+        recorder = _RecordingDraft(ModelDraft(draft, draft.new_cache(1, len(prompt) + n_new)))
+        stats = generate_speculative(target, recorder, prompt, n_new, gamma)[1]
         if stats.proposed - stats.accepted >= 2 and stats.accepted >= 2 \
-                and _match_after_a_rejection(target, draft, prompt, n_new, gamma):
+                and _match_after_a_rejection(target, recorder.calls):
             return target, draft, "a noisy copy of the target", prompt, gamma, tokens.tolist()
     raise AssertionError("unreachable")
 
@@ -372,20 +372,17 @@ def _committed_mismatch(model: Decoder, got: KVCache, committed: list[int], star
     n = got.length
     fresh = model.new_cache(1, n)
     model(torch.tensor([committed[:n]]), torch.arange(n), fresh)
-    diff = ((got.k[:, :, :, start:n] - fresh.k[:, :, :, start:n]).abs().amax(dim=(0, 1, 2, 4)) +
-            (got.v[:, :, :, start:n] - fresh.v[:, :, :, start:n]).abs().amax(dim=(0, 1, 2, 4)))
-    bad = (diff > 1e-4).nonzero()
-    return start + int(bad[0]) if len(bad) else None
+    return _slot_mismatch(got, fresh, n, start)
 
 
-def _slot_mismatch(got: KVCache, ref: KVCache, n: int, atol: float = 1e-4) -> int | None:
-    """First slot s < n whose K or V (any layer, head) differs from the reference's, or None."""
-    if n == 0:
+def _slot_mismatch(got: KVCache, ref: KVCache, n: int, start: int = 0, atol: float = 1e-4) -> int | None:
+    """First slot s in start .. n - 1 whose K or V (any layer, head) differs from the reference's, or None."""
+    if n <= start:
         return None
-    diff = ((got.k[:, :, :, :n] - ref.k[:, :, :, :n]).abs().amax(dim=(0, 1, 2, 4)) +
-            (got.v[:, :, :, :n] - ref.v[:, :, :, :n]).abs().amax(dim=(0, 1, 2, 4)))
+    diff = ((got.k[:, :, :, start:n] - ref.k[:, :, :, start:n]).abs().amax(dim=(0, 1, 2, 4)) +
+            (got.v[:, :, :, start:n] - ref.v[:, :, :, start:n]).abs().amax(dim=(0, 1, 2, 4)))
     bad = (diff > atol).nonzero()
-    return int(bad[0]) if len(bad) else None
+    return start + int(bad[0]) if len(bad) else None
 
 
 def check_greedy_speculative_step(fn: Callable, seed: int = 0, cases: int = 2, n_new: int = 24) -> None:
@@ -434,7 +431,7 @@ def check_greedy_speculative_step(fn: Callable, seed: int = 0, cases: int = 2, n
             except (ContractError, KeyboardInterrupt):
                 raise
             except Exception as exc:
-                if getattr(type(exc), "grader_error", False):      # the judge's own (contracts.call_on_copies)
+                if is_grader_error(exc):
                     raise
                 raise _raised(label, exc, gamma, k) from None
             emitted = check_int_list("the emitted tokens", result)

@@ -163,6 +163,13 @@ class Contract:
         if type(self.probes) is not tuple or any(not isinstance(p, Probe) for p in self.probes):
             raise TypeError(f"Contract.probes must be a tuple of Probe, got {self.probes!r}")
 
+    def build_object(self, name: str):
+        """A new copy of the notebook object NAME, built as ``objects`` says (``module.factory(**kwargs)``).
+
+        Raises: KeyError when ``objects`` does not name it."""
+        module, factory, kwargs = self.objects[name]
+        return getattr(importlib.import_module(module), factory)(**kwargs)
+
 
 @dataclass(frozen=True)
 class Edit:
