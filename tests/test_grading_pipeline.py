@@ -608,6 +608,9 @@ def test_submission_timeout_kills_only_that_submission(tmp_path):
     assert time.monotonic() - started < 300
     grades = read_grades(work).set_index("learner")
     assert grades.loc["slow", "error"] == "autograde failed: killed after 25 s (--submission-timeout)"
+    (log,) = [p for p in work.glob("shards/*/nbgrader.log") if "--student slow" in p.read_text()]
+    assert log.read_text().rstrip().endswith("[course_grader.grade] killed after 25 s (--submission-timeout)")
+    assert "(each nbgrader command forked from the warm process)" in done.stdout
     assert grades.loc["quick", "score"] == 3.0 and grades.loc["quick", "error"] == ""
     time.sleep(2)
     assert _processes_of(work, load_driver().submission_seed(4243, "slow", LAB)) == []

@@ -148,9 +148,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--submission-timeout", type=int, default=3600,
                         help="seconds for one submission's autograde before it is killed (default 3600)")
     parser.add_argument("--cold-start", action="store_true",
-                        help="start every nbgrader command as a new Python process, which imports nbgrader, torch "
-                             "and the checkers again each time (the default forks each from one warm process: "
-                             "course_grader.warm); for comparison and for platforms without a fork server")
+                        help="start a new `python -m nbgrader` for each command instead of forking it from the "
+                             "process that imported nbgrader, torch and the checkers once (course_grader.warm): "
+                             "about 3.5 s more per submission, the same scores and feedback; for timing comparisons "
+                             "(where no fork server can run, or on --cluster workers, grading runs this way by itself)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
@@ -461,7 +462,10 @@ def run_nbgrader(args: list[str], cwd: Path, log: Path, env: dict[str, str],
         if STOPPING.is_set():
             raise Stopped("grading was stopped")
     if code is None:
-        return -9, f"killed after {timeout:.0f} s (--submission-timeout)"
+        why = f"killed after {timeout:.0f} s (--submission-timeout)"
+        with open(log, "ab") as out:            # the log the row's error points at says so too
+            out.write(f"[course_grader.grade] {why}\n".encode())
+        return -9, why
     if code == 0:
         return 0, ""
     return code, last_error_line(log) or f"nbgrader {args[0]} exited with {code}"
@@ -1018,7 +1022,9 @@ def _grade(args: argparse.Namespace, rows: list[Submission], labs: list[str], sa
         row.judge_seed = submission_seed(args.seed, row.learner, row.lab, "judge")
     rejected = sum(1 for r in rows if r.error and r.error != NOT_SUBMITTED)
     how = f"on the cluster at {args.cluster}" if cluster is not None else f"with {args.jobs} job(s)"
-    print(f"Grading {len(todo)} submission(s) {how}; {rejected} rejected before grading; "
+    processes = "each nbgrader command forked from the warm process" if warm.started() and cluster is None else \
+        "each nbgrader command a new process"
+    print(f"Grading {len(todo)} submission(s) {how} ({processes}); {rejected} rejected before grading; "
           f"hidden-test run seed {args.seed} (replay: --seed {args.seed}).", flush=True)
     grade_start = time.monotonic()
     grade_all(course, args.work, rows, course_id, args.jobs, env, args.submission_timeout, cluster)
