@@ -59,6 +59,33 @@ MORE_FAULTS = {
                                  "T predictions counted"),
     "log base 2": ("perplexity", "return math.exp(sum(nlls) / sum(counts))", "return 2 ** (sum(nlls) / sum(counts))",
                    "test_perplexity", "2 \\*\\* mean loss"),
+    "floor codes, symmetric": ("quantize_symmetric", "torch.round(groups / scales[..., None])",
+                               "torch.floor(groups / scales[..., None])", "test_quantize_symmetric",
+                               r"rounded down \(floor\)"),
+    "floor codes, asymmetric": ("quantize_asymmetric", "torch.round(groups / scales[..., None])",
+                                "torch.floor(groups / scales[..., None])", "test_quantize_asymmetric",
+                                r"codes rounded down \(floor"),
+    # strided groups with the codes back in place (the table's fault, groups_strided, returns them permuted)
+    "strided groups, codes in place": ("quantize_symmetric",
+                                       "groups = w.reshape(out_f, in_f // group_size, group_size)\n"
+                                       "    absmax = groups.abs().amax(dim=-1)\n"
+                                       "    scales = torch.where(absmax > 0, absmax / qmax, torch.ones_like(absmax))\n"
+                                       "    codes = torch.clamp(torch.round(groups / scales[..., None]), -qmax, qmax)",
+                                       "groups = w.reshape(out_f, group_size, in_f // group_size)\n"
+                                       "    absmax = groups.abs().amax(dim=1)\n"
+                                       "    scales = torch.where(absmax > 0, absmax / qmax, torch.ones_like(absmax))\n"
+                                       "    codes = torch.clamp(torch.round(groups / scales[:, None, :]), -qmax, qmax)",
+                                       "test_quantize_symmetric", "groups taken strided"),
+    "strided groups, asymmetric": ("quantize_asymmetric", "groups = w.reshape(out_f, in_f // group_size, group_size)",
+                                   "groups = w.reshape(out_f, group_size, in_f // group_size).transpose(1, 2)",
+                                   "test_quantize_asymmetric", "groups taken strided"),
+    "shift reversed": ("perplexity", "logp = torch.log_softmax(logits[:-1], dim=-1)\n"
+                       "        nlls.append(-float(logp.gather(1, ids[1:, None]).double().sum()))",
+                       "logp = torch.log_softmax(logits[1:], dim=-1)\n"
+                       "        nlls.append(-float(logp.gather(1, ids[:-1, None]).double().sum()))",
+                       "test_perplexity", "shift reversed"),
+    "windows concatenated": ("perplexity", "    for ids in windows:\n", "    for ids in [windows.flatten()]:\n",
+                             "test_perplexity", "windows concatenated into one sequence"),
     "inverted ratio": ("smoothquant_scales", "return x_max ** alpha / w_max ** (1 - alpha)",
                        "return w_max ** (1 - alpha) / x_max ** alpha", "test_smoothquant_scales", "ratio inverted"),
     "weight maxima unclamped": ("smoothquant_scales", "w_max = weight.abs().amax(dim=0).clamp(min=1e-5)",

@@ -142,3 +142,54 @@ def test_greedy_step_accepts_a_full_recompute_and_refuses_a_step_that_ignores_th
     lab05.check_greedy_speculative_step(recompute, seed=0)
     with pytest.raises(ContractError):
         lab05.check_greedy_speculative_step(no_draft, seed=0)
+
+
+def _edited(*edits):
+    from course_lib.grading.tables import Edit
+
+    return solutions.solution_namespace(LAB, tuple(Edit(*edit) for edit in edits))
+
+
+def test_the_alpha_one_limit_taken_as_gamma_is_named():
+    """At alpha = 1, gamma equals gamma * alpha: the diagnosis names the limit, not the product."""
+    namespace = _edited(("expected_tokens_per_step", "return float(gamma + 1)", "return float(gamma)"))
+    with pytest.raises(ContractError, match="alpha = 1 limit taken as gamma") as caught:
+        lab05.check_speculative_formulas(namespace["expected_tokens_per_step"], namespace["speculative_speedup"])
+    assert "gamma * alpha" not in str(caught.value)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_draft_crop_without_min_is_named_as_the_drafts(seed):
+    """After a full acceptance the draft holds L + gamma - 1 slots, so crop(L + k) raises in the draft's
+    crop; the diagnosis is about the draft's cache, not the target's crop off by one."""
+    namespace = _edited(("greedy_speculative_step", "draft_cache.crop(min(draft_cache.length, L + k))",
+                         "draft_cache.crop(L + k)"))
+    with pytest.raises(ContractError, match=r"crop it to min\(draft_cache\.length, L \+ k\)") as caught:
+        lab05.check_greedy_speculative_step(namespace["greedy_speculative_step"], seed=seed)
+    assert "crop off by one" not in str(caught.value)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_draft_never_cropped_and_one_cropped_to_the_committed_length_are_told_apart(seed):
+    """Every drawn case first fails them where they leave different caches (``_telling_iterations``)."""
+    never = _edited(("greedy_speculative_step", "    draft_cache.crop(min(draft_cache.length, L + k))\n", ""))
+    with pytest.raises(ContractError, match="not cropped after a rejection") as caught:
+        lab05.check_greedy_speculative_step(never["greedy_speculative_step"], seed=seed)
+    assert "off by one" not in str(caught.value)
+    one_more = _edited(("greedy_speculative_step", "draft_cache.crop(min(draft_cache.length, L + k))",
+                        "draft_cache.crop(min(draft_cache.length, L + k + 1))"))
+    with pytest.raises(ContractError, match="crop off by one: the draft's cache"):
+        lab05.check_greedy_speculative_step(one_more["greedy_speculative_step"], seed=seed)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_bonus_token_that_is_not_the_targets_always_fails(seed):
+    """The stale draft logits (the last proposal again) and the draft's own next token: every drawn
+    case holds a full acceptance where the draft's next token is not the target's."""
+    stale = _edited(("greedy_speculative_step", "    emitted = proposals[:k] + [verdict[k]]\n",
+                     "    emitted = proposals[:k] + [verdict[k] if k < gamma else int(logits.argmax())]\n"))
+    with pytest.raises(ContractError, match="bonus token is not the target's"):
+        lab05.check_greedy_speculative_step(stale["greedy_speculative_step"], seed=seed)
+    draft_bonus = solutions.solution_namespace(LAB, next(f for f in lab05.FAULTS if f.name == "bonus_from_draft").edits)
+    with pytest.raises(ContractError, match="it is the draft's prediction after the last proposal"):
+        lab05.check_greedy_speculative_step(draft_bonus["greedy_speculative_step"], seed=seed)

@@ -135,19 +135,49 @@ def _code_mismatch(got: torch.Tensor, expected: torch.Tensor, ratio: torch.Tenso
 
 
 # -- exercise 1: symmetric absmax -------------------------------------------------------------
+def _strided_order(w: torch.Tensor, group: int) -> torch.Tensor:
+    """The column order that makes strided groups contiguous: group j of a learner who reshapes
+    (out, in) to (out, group_size, in // group_size) holds columns j, j + in // group_size, ..."""
+    n_groups = w.shape[1] // group
+    return torch.arange(w.shape[1]).reshape(group, n_groups).T.flatten()
+
+
+def _grouped(variant: Callable) -> Callable:
+    """VARIANT(w, bits, group, **fault) -> (codes, scales, ...), taught one more fault: ``strided=True``
+    quantises the strided groups (``_strided_order``) and returns codes None: the scales (and zero
+    points) identify the fault, whichever order the learner's codes then come back in."""
+    def run(w: torch.Tensor, bits: int, group: int, *, strided: bool = False, **fault):
+        if not strided:
+            return variant(w, bits, group, **fault)
+        return (None, *variant(w[:, _strided_order(w, group)], bits, group, **fault)[1:])
+    return run
+
+
+def _same_codes(got: torch.Tensor, candidate: torch.Tensor | None, ratio: torch.Tensor) -> bool:
+    """Whether the learner's codes are the candidate's (None: the candidate names its fault by its
+    scales alone), neighbours at a rounding tie allowed."""
+    return candidate is None or _code_mismatch(got, candidate, ratio) is None
+
+
+def _rounding(x: torch.Tensor, how: str) -> torch.Tensor:
+    return {"round": torch.round, "trunc": torch.trunc, "floor": torch.floor}[how](x)
+
+
+@_grouped
 def _symmetric_variant(w: torch.Tensor, bits: int, group: int, *, qmax: int | None = None,
-                       signed_max: bool = False, levels_scale: bool = False, truncate: bool = False):
+                       signed_max: bool = False, levels_scale: bool = False, rounding: str = "round"):
     """Symmetric absmax quantisation with one known fault switched on: (codes, scales)."""
     q = 2 ** (bits - 1) - 1 if qmax is None else qmax
     g = _group_view(w, group)     # float32 arithmetic, as a learner's code does it
     top = g.amax(dim=-1) if signed_max else g.abs().amax(dim=-1)
     scales = top / (2 ** bits - 1) if levels_scale else top / q
     scales = torch.where(top > 0, scales, torch.ones_like(scales))
-    x = g / scales[..., None]
-    codes = torch.clamp(torch.trunc(x) if truncate else torch.round(x), -q, q)
+    codes = torch.clamp(_rounding(g / scales[..., None], rounding), -q, q)
     return codes.reshape(w.shape).to(torch.int16), scales
 
 
+_STRIDED = ("groups taken strided instead of as runs of group_size consecutive inputs: reshape (out, in) to "
+            "(out, in // group_size, group_size), so group j holds inputs j * group_size .. (j + 1) * group_size - 1")
 _SYMMETRIC_FAULTS = {
     "qmax = 2^(b-1) instead of 2^(b-1) - 1 (the codes must stay in -qmax..qmax, symmetric around 0)":
         lambda w, b, g: _symmetric_variant(w, b, g, qmax=2 ** (b - 1)),
@@ -156,7 +186,10 @@ _SYMMETRIC_FAULTS = {
     "the scale spread over 2^b - 1 levels (absmax / (2^b - 1)) instead of absmax / qmax":
         lambda w, b, g: _symmetric_variant(w, b, g, levels_scale=True),
     "codes truncated toward zero instead of rounded to the nearest integer":
-        lambda w, b, g: _symmetric_variant(w, b, g, truncate=True),
+        lambda w, b, g: _symmetric_variant(w, b, g, rounding="trunc"),
+    "codes rounded down (floor) instead of to the nearest integer":
+        lambda w, b, g: _symmetric_variant(w, b, g, rounding="floor"),
+    _STRIDED: lambda w, b, g: _symmetric_variant(w, b, g, strided=True),
 }
 
 
@@ -204,7 +237,7 @@ def check_quantize_symmetric(quantize: Callable, dequantize: Callable, seed: int
 
         def same(got, candidate, ratio=ratio):
             c_codes, c_scales = candidate
-            return _same_scales(got[1], c_scales, zero_groups) and _code_mismatch(got[0], c_codes, ratio) is None
+            return _same_scales(got[1], c_scales, zero_groups) and _same_codes(got[0], c_codes, ratio)
 
         i = _first_over(scales, ref.scales, ignore=zero_groups)
         if i is not None:
@@ -234,8 +267,9 @@ def check_quantize_symmetric(quantize: Callable, dequantize: Callable, seed: int
 
 
 # -- exercise 2: asymmetric min-max with a zero point -----------------------------------------
+@_grouped
 def _asymmetric_variant(w: torch.Tensor, bits: int, group: int, *, zero_shift: int = 0, no_zero_in_range=False,
-                        floor_zero: bool = False):
+                        floor_zero: bool = False, floor_codes: bool = False):
     """Asymmetric min-max quantisation with one known fault: (codes, scales, zeros)."""
     levels = 2 ** bits - 1
     g = _group_view(w, group)
@@ -246,7 +280,8 @@ def _asymmetric_variant(w: torch.Tensor, bits: int, group: int, *, zero_shift: i
     scales = torch.where(scales > 0, scales, torch.ones_like(scales))
     z = torch.floor(-lo / scales) if floor_zero else torch.round(-lo / scales)
     zeros = torch.clamp(z + zero_shift, 0, levels)
-    codes = torch.clamp(torch.round(g / scales[..., None]) + zeros[..., None], 0, levels)
+    codes = torch.clamp(_rounding(g / scales[..., None], "floor" if floor_codes else "round") + zeros[..., None],
+                        0, levels)
     return codes.reshape(w.shape).to(torch.int16), scales, zeros
 
 
@@ -257,6 +292,9 @@ _ASYMMETRIC_FAULTS = {
         lambda w, b, g: _asymmetric_variant(w, b, g, floor_zero=True),
     "the range not extended to include 0 (lo = min(min w, 0), hi = max(max w, 0))":
         lambda w, b, g: _asymmetric_variant(w, b, g, no_zero_in_range=True),
+    "codes rounded down (floor(w / s) + z) instead of to the nearest integer":
+        lambda w, b, g: _asymmetric_variant(w, b, g, floor_codes=True),
+    _STRIDED: lambda w, b, g: _asymmetric_variant(w, b, g, strided=True),
 }
 
 
@@ -290,7 +328,7 @@ def check_quantize_asymmetric(quantize: Callable, dequantize: Callable, seed: in
         def same(got, candidate, ratio=ratio):
             c_codes, c_scales, c_zeros = candidate
             return (_same_scales(got[1], c_scales, zero_groups) and bool(torch.equal(got[2], c_zeros.float()))
-                    and _code_mismatch(got[0], c_codes, ratio) is None)
+                    and _same_codes(got[0], c_codes, ratio))
 
         i = _first_over(scales, ref.scales, ignore=zero_groups)
         if i is not None:
@@ -513,15 +551,19 @@ def sharp_toy_model(seed: int, vocab: int = 96, sharpness: float = 8.0):
 
 @torch.no_grad()
 def _window_nlls(model, windows: torch.Tensor, shift: int = 1) -> list[tuple[float, int]]:
+    """(summed loss, predictions) per window: with shift 1 each position scored on the next token
+    (the contract), 0 on its own token, -1 on the previous one."""
     out = []
     for ids in windows:
         logits = model(ids[None], torch.arange(ids.numel()))[0].double()
         logp = torch.log_softmax(logits, dim=-1)
-        if shift:
-            nll = -logp[:-1].gather(1, ids[1:, None]).sum()
-            out.append((float(nll), ids.numel() - 1))
+        if shift == 1:
+            scored = logp[:-1].gather(1, ids[1:, None])
+        elif shift == 0:
+            scored = logp.gather(1, ids[:, None])
         else:
-            out.append((float(-logp.gather(1, ids[:, None]).sum()), ids.numel()))
+            scored = logp[1:].gather(1, ids[:-1, None])
+        out.append((float(-scored.sum()), scored.numel()))
     return out
 
 
@@ -537,6 +579,11 @@ def _perplexity_variants(model, windows) -> dict[str, Callable[[], float]]:
             lambda: math.exp(sum(s for s, _ in nlls(0)) / sum(c for _, c in nlls(0))),
         "2 ** mean loss (the loss is in nats: exp, not 2 **)":
             lambda: 2 ** (sum(s for s, _ in nlls()) / sum(c for _, c in nlls())),
+        "the shift reversed: logits at position t + 1 scored on token t (the previous token) instead of logits "
+        "at t on token t + 1": lambda: math.exp(sum(s for s, _ in nlls(-1)) / sum(c for _, c in nlls(-1))),
+        "the windows concatenated into one sequence (positions running on across windows) instead of scored "
+        "one by one, each from position 0":
+            lambda: math.exp(sum(s for s, c in _window_nlls(model, windows.reshape(1, -1))) / (windows.numel() - 1)),
     }
 
 
@@ -660,6 +707,11 @@ FAULTS = (
           (Edit("quantize_symmetric", "qmax = 2 ** (bits - 1) - 1", "qmax = 2 ** (bits - 1)"),),
           {"test_quantize_symmetric": r"qmax = 2\^\(b-1\) instead"},
           "uses qmax = 2^(b-1), one code past the symmetric range"),
+    Fault("groups_strided",
+          (Edit("quantize_symmetric", "groups = w.reshape(out_f, in_f // group_size, group_size)",
+                "groups = w.reshape(out_f, group_size, in_f // group_size).transpose(1, 2)"),),
+          {"test_quantize_symmetric": "groups taken strided"},
+          "groups every (in // group_size)-th input together instead of runs of group_size consecutive ones"),
     Fault("scale_from_max",
           (Edit("quantize_symmetric", "absmax = groups.abs().amax(dim=-1)", "absmax = groups.amax(dim=-1)"),),
           {"test_quantize_symmetric": "largest value instead of the largest absolute value"},

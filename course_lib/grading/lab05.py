@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+import re
 from typing import Callable
 
 import torch
@@ -322,26 +323,42 @@ class _RecordingDraft:
 
 
 @torch.no_grad()
-def _match_after_a_rejection(target: Decoder, calls: list[tuple[list[int], list[int]]]) -> bool:
-    """Whether some iteration of a reference run (its ``_RecordingDraft.calls``) rejects a proposal and
-    the target then agrees with a later one. Only then does a step that counts every match (not the
-    matching prefix) emit other tokens, and, with the rejection before the last proposal, a draft
-    cache never cropped show."""
+def _telling_iterations(target: Decoder, draft: Decoder, calls: list[tuple[list[int], list[int]]]) -> bool:
+    """Whether a reference run (its ``_RecordingDraft.calls``) has both iterations that tell common
+    mistakes from the contract:
+
+    * one that rejects a proposal after which the target agrees with a later one: only there does a
+      step that counts every match (not the matching prefix) emit other tokens, and, with the
+      rejection before the last proposal, a draft cache never cropped show;
+    * a full acceptance whose bonus token the draft would predict otherwise: only there does a
+      bonus taken from the draft instead of the target show;
+    * the first iteration that accepts at most gamma - 2 proposals accepts at most gamma - 3: a
+      draft cache never cropped and one cropped to L' (not L' - 1) first fail there, and with
+      gamma - 2 accepted they would leave the same cache, so the diagnosis could not name one."""
+    after_rejection = other_bonus = False
+    crops_differ = None
     for tokens, proposals in calls:
-        L = len(tokens)
-        verdict = target(torch.tensor([tokens + proposals]), torch.arange(L + len(proposals)))[0, L - 1:].argmax(-1)
+        L, gamma = len(tokens), len(proposals)
+        ids, positions = torch.tensor([tokens + proposals]), torch.arange(L + gamma)
+        verdict = target(ids, positions)[0, L - 1:].argmax(-1)
         agree = [p == int(v) for p, v in zip(proposals, verdict)]
-        if False in agree and True in agree[agree.index(False) + 1:]:
-            return True
-    return False
+        k = agree.index(False) if False in agree else gamma
+        if True in agree[k + 1:]:
+            after_rejection = True
+        if k == gamma and not other_bonus:
+            other_bonus = int(draft(ids, positions)[0, -1].argmax()) != int(verdict[-1])
+        if crops_differ is None and k <= gamma - 2:
+            crops_differ = k <= gamma - 3
+    return after_rejection and other_bonus and bool(crops_differ)
 
 
 def _greedy_case(seed: int, case: int, n_new: int):
     """(target, draft, draft name, prompt, gamma, greedy tokens) with no near-tie (top-2 gap >= 1e-3)
     anywhere in the target's greedy decoding, so that float rounding cannot decide a token. Every case
-    after the first drafts 3 to 5 tokens with a noisy copy, with rejections, accepted runs and an
-    iteration where the target agrees with a proposal after rejecting an earlier one
-    (``_match_after_a_rejection``), the visible case included."""
+    after the first drafts 3 to 5 tokens with a noisy copy, with rejections, accepted runs, an
+    iteration where the target agrees with a proposal after rejecting an earlier one and a full
+    acceptance whose bonus the draft would get wrong (``_telling_iterations``), the visible case
+    included."""
     rng = random.Random(seed * 7919 + case)
     target = _hidden_target(rng.randrange(2 ** 31))
     gen = torch.Generator().manual_seed(rng.randrange(2 ** 31))
@@ -358,7 +375,7 @@ def _greedy_case(seed: int, case: int, n_new: int):
         recorder = _RecordingDraft(ModelDraft(draft, draft.new_cache(1, len(prompt) + n_new)))
         stats = generate_speculative(target, recorder, prompt, n_new, gamma)[1]
         if stats.proposed - stats.accepted >= 2 and stats.accepted >= 2 \
-                and _match_after_a_rejection(target, recorder.calls):
+                and _telling_iterations(target, draft, recorder.calls):
             return target, draft, "a noisy copy of the target", prompt, gamma, tokens.tolist()
     raise AssertionError("unreachable")
 
@@ -433,11 +450,12 @@ def check_greedy_speculative_step(fn: Callable, seed: int = 0, cases: int = 2, n
             except Exception as exc:
                 if is_grader_error(exc):
                     raise
-                raise _raised(label, exc, gamma, k) from None
+                raise _raised(label, exc, L, gamma, k) from None
             emitted = check_int_list("the emitted tokens", result)
             want = list(expected.emitted)
             if emitted != want:
-                raise _wrong_tokens(label, emitted, want, gamma, k, tokens, greedy, T0, caches[1], ref_draft.cache)
+                raise _wrong_tokens(label, emitted, want, gamma, k, tokens, greedy, T0, draft, caches[1],
+                                    ref_draft.cache)
             _check_lengths(label, caches, L, want, gamma, k)
             for which, got, ref in (("target_cache", caches[0], ref_target), ("draft_cache", caches[1], ref_draft.cache)):
                 slot = _slot_mismatch(got, ref, min(got.length, ref.length))
@@ -455,12 +473,28 @@ def check_greedy_speculative_step(fn: Callable, seed: int = 0, cases: int = 2, n
                                 "the target's tokens")
 
 
-def _raised(label: str, exc: Exception, gamma: int, k: int) -> ContractError:
+#: The length a refused ``KVCache.crop`` asked for, read from its message (``course_lib.validation``'s
+#: "crop length must be an int in [0, M] (...), got N"): the only trace of which crop raised that a
+#: learner's exception keeps when it comes back from the grading kernel as text.
+_CROP_ASKED = re.compile(r"crop length must be an int in \[0, \d+\].*, got (\d+)$")
+
+
+def _raised(label: str, exc: Exception, L: int, gamma: int, k: int) -> ContractError:
+    """The failure for a learner's step that raised, naming the crop it got wrong when a crop raised.
+    Only after a full acceptance (k = gamma) can a crop ask for more slots than a cache holds: the
+    target's holds L + gamma, the reference draft's L + gamma - 1 (its last proposal is never fed)."""
     err = ContractError(f"{label}: your function raised {type(exc).__name__}: {exc}")
-    if "crop length" in str(exc) and k == gamma:
+    asked = _CROP_ASKED.search(str(exc))
+    if asked is None or k != gamma:
+        return err
+    if int(asked.group(1)) == L + k + 1:
         return with_diagnosis(err, "crop off by one: all gamma proposals were accepted, so the target's cache holds "
                               "L + gamma slots; cropping to the committed length L' = L + gamma + 1 asks for a slot "
                               "that was never filled. Keep every committed token but the newest: crop to L' - 1")
+    if int(asked.group(1)) == L + k:
+        return with_diagnosis(err, "the draft's crop asked for L + k slots after a full acceptance, but a draft that "
+                              "was never fed its last proposal holds only L + gamma - 1: it may hold fewer than the "
+                              "committed tokens, never more, so crop it to min(draft_cache.length, L + k)")
     return err
 
 
@@ -482,16 +516,22 @@ def _check_lengths(label, caches, L, want, gamma, k) -> None:
     if d_len > Lp - 1:
         err = ContractError(f"{label}: after the iteration draft_cache.length is {d_len}, more than L' - 1 = {Lp - 1}: "
                             "it holds K/V of tokens that were never committed")
+        uncropped = d_len >= L + gamma - 1 and k < gamma - 1    # as long as after proposing: no crop at all?
+        if uncropped and d_len == Lp:      # k = gamma - 2: no crop and a crop to L' leave the same cache
+            raise with_diagnosis(err, "the draft's cache keeps a rejected proposal: either it was not cropped after "
+                                 "the rejection, or it was cropped to the committed length L' instead of L' - 1 "
+                                 f"(here, with {k} of {gamma} accepted, the two leave the same {d_len} slots)")
+        if uncropped:
+            raise with_diagnosis(err, "cache not cropped after a rejection: the draft's cache keeps the rejected "
+                                 "proposals")
         if d_len == Lp:
             raise with_diagnosis(err, "crop off by one: the draft's cache was cropped to the committed length "
                                  "instead of L' - 1")
-        if d_len >= L + gamma - 1 and k < gamma - 1:
-            raise with_diagnosis(err, "cache not cropped after a rejection: the draft's cache keeps the rejected "
-                                 "proposals")
         raise err
 
 
-def _wrong_tokens(label, emitted, want, gamma, k, tokens, greedy, T0, draft_cache, ref_draft_cache) -> ContractError:
+def _wrong_tokens(label, emitted, want, gamma, k, tokens, greedy, T0, draft, draft_cache,
+                  ref_draft_cache) -> ContractError:
     err = ContractError(f"{label}: emitted {emitted}, the reference iteration emits {want} ({k} of {gamma} "
                         "proposals accepted, then the target's own token)")
     start = len(tokens) - T0
@@ -499,6 +539,15 @@ def _wrong_tokens(label, emitted, want, gamma, k, tokens, greedy, T0, draft_cach
         return with_diagnosis(err, f"proposals accepted past the first mismatch: the target rejected proposal {k + 1} "
                               f"(its own token there is {want[k]}), so the iteration ends with that token; the "
                               "accepted count is the length of the matching prefix, not the number of matches")
+    if k == gamma and len(emitted) == len(want) and emitted[:-1] == want[:-1]:
+        with torch.no_grad():
+            seq = tokens + want[:-1]
+            draft_says = int(draft(torch.tensor([seq]), torch.arange(len(seq)))[0, -1].argmax())
+        source = ("it is the draft's prediction after the last proposal; " if emitted[-1] == draft_says != want[-1]
+                  else "")
+        return with_diagnosis(err, f"the bonus token is not the target's: every proposal was accepted, and {source}the "
+                              "bonus is the target's own prediction after the last proposal (row gamma of its "
+                              "verification forward), which the draft may not share")
     if emitted != greedy[start:start + len(emitted)]:
         return err
     slot = _slot_mismatch(draft_cache, ref_draft_cache, min(draft_cache.length, ref_draft_cache.length))
@@ -543,6 +592,13 @@ def check_speculative_formulas(expected_fn: Callable, speedup_fn: Callable, seed
         want = analysis.expected_tokens_per_step(alpha, gamma)
         what = f"expected_tokens_per_step(alpha={alpha:.6g}, gamma={gamma})"
         got = _number(what, lambda: expected_fn(alpha, gamma), alpha, gamma)
+        if not math.isclose(got, want, rel_tol=1e-9) and alpha == 1:
+            err = ContractError(f"{what}: expected {want:.10g} = gamma + 1 (the limit of (1 - alpha^(gamma+1)) / "
+                                f"(1 - alpha) at alpha = 1), got {got:.10g}")
+            raise diagnose(err, got, {
+                "the alpha = 1 limit taken as gamma: every proposal is accepted, and the target's own (bonus) token "
+                "follows them, so gamma + 1 tokens": lambda: float(gamma),
+            }, lambda g, cand: math.isclose(g, cand, rel_tol=1e-9)) from None
         if not math.isclose(got, want, rel_tol=1e-9):
             err = ContractError(f"{what}: expected {want:.10g} = (1 - alpha^(gamma+1)) / (1 - alpha), got {got:.10g}")
             raise diagnose(err, got, {
@@ -618,6 +674,16 @@ FAULTS = (
                 "emitted = proposals[:k] + ([verdict[k]] if k < gamma else [])"),),
           {"test_greedy_speculative_step": "bonus token dropped"},
           "emits nothing extra when every proposal is accepted"),
+    Fault("bonus_from_draft",
+          (Edit("greedy_speculative_step", "    emitted = proposals[:k] + [verdict[k]]\n",
+                "    if k == gamma:   # the bonus from the draft: feed it the last proposal, take its prediction\n"
+                "        logits = draft(torch.tensor([[proposals[-1]]]), torch.tensor([L + gamma - 1]), "
+                "draft_cache)[0, -1]\n"
+                "        emitted = proposals + [int(logits.argmax())]\n"
+                "    else:\n"
+                "        emitted = proposals[:k] + [verdict[k]]\n"),),
+          {"test_greedy_speculative_step": "bonus token is not the target's"},
+          "takes the bonus token after a full acceptance from the draft instead of the target's verification row"),
     Fault("draft_not_fed_missing_tokens",
           (Edit("greedy_speculative_step", "missing = tokens[draft_cache.length:]", "missing = tokens[-1:]"),),
           {"test_greedy_speculative_step": "not fed every committed token"},
