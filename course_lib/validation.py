@@ -38,7 +38,7 @@ from typing import Any, Iterable
 __all__ = [
     "ArgumentTypeError", "MAX_TOKEN_ID", "is_integer", "integer", "positive_integer", "nonnegative_integer",
     "power_of_two", "number", "positive_number", "nonnegative_number", "boolean", "instance", "one_of",
-    "token_ids", "integer_tensor",
+    "token_ids", "integer_tensor", "memory_bytes", "fits_memory",
 ]
 
 #: Largest token id any check accepts when no vocabulary size is given (ids are stored as int64).
@@ -295,3 +295,43 @@ def integer_tensor(name: str, value: Any, *, ranks: tuple[int, ...] | None = Non
             got = f"{low}" if low == high else f"values from {low} to {high}"
             raise ValueError(f"{name} must hold values{_range_text(minimum, maximum)}{_note(note)}, got {got}")
     return value
+
+
+# -- sizes that must fit ---------------------------------------------------------------------
+def memory_bytes(device: Any = "cpu") -> int | None:
+    """Total memory of DEVICE in bytes: a CUDA device's own memory, otherwise this machine's
+    physical memory (``os.sysconf``); None where it cannot be read (then nothing is refused)."""
+    import os
+
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def fits_memory(name: str, value: Any, nbytes: int, *, device: Any = "cpu", what: str = "") -> None:
+    """Refuse, before allocating, a size argument whose allocation of ``nbytes`` bytes exceeds the
+    total memory of ``device`` (``memory_bytes``): such a size would otherwise reach the allocator
+    (an out-of-memory error after other allocations, or the machine swapping).
+
+    Raises:
+        ValueError: naming the argument, its value, the bytes it needs (``what`` says for what) and
+            the memory there is.
+    """
+    total = memory_bytes(device)
+    if total is not None and nbytes > total:
+        raise ValueError(f"{name} = {value!r} needs {nbytes / 2 ** 30:,.1f} GiB ({nbytes:,} bytes)"
+                         f"{' for ' + what if what else ''}, more than the {total / 2 ** 30:,.1f} GiB of memory "
+                         f"{_device_text(device)}")
+
+
+def _device_text(device: Any) -> str:
+    import torch
+
+    device = torch.device(device)
+    return f"of the GPU {device}" if device.type == "cuda" else "of this machine (cpu)"

@@ -268,3 +268,47 @@ def test_triton_kernel_engine_decodes_give_solo_tokens():
 @pytest.mark.slow
 def test_interpreter_subprocess():
     run_kernel_tests_in_interpreter(__file__)
+
+
+# ---------------------------------------------------------------- bad input loses nothing
+def test_block_manager_refuses_a_commit_past_its_reserved_blocks_and_keeps_the_sequence(model):
+    from course_lib.engine.block_manager import BlockManager
+    from course_lib.engine.sequence import Sequence
+
+    manager = BlockManager(num_blocks=8, block_size=4)
+    seq = Sequence(0, list(range(10)), 3, 0.0)
+    manager.admit(seq)
+    manager.reserve(seq, 5)                       # 2 blocks: room for 8 positions
+    table, length = list(seq.paged.block_table), seq.paged.length
+    for n, match in ((9, r"n_new must be an int in \[0, 8\]"), (-1, r"n_new must be an int in \[0, 8\]"),
+                     (2.0, "n_new must be an int")):
+        with pytest.raises(ValueError, match=match):
+            manager.commit(seq, n)
+        assert seq.paged.block_table == table and seq.paged.length == length and seq.paged.token_ids == []
+    manager.commit(seq, 5)
+    assert seq.paged.length == 5
+    with pytest.raises(ValueError, match="n_new must be an int >= 0"):
+        manager.reserve(seq, -3)
+    for call in (manager.reserve, manager.commit):
+        with pytest.raises(TypeError, match="seq must be a Sequence"):
+            call("not a sequence", 1)
+    manager.audit([seq])
+
+
+def test_engine_refuses_an_arrival_in_the_past_and_a_decode_attention_that_is_not_callable(model):
+    with pytest.raises(TypeError, match="decode_attention must be None or a callable"):
+        Engine(model, num_blocks=32, decode_attention="x")
+    ticks = itertools.count()
+    engine = Engine(model, num_blocks=32, block_size=4, timer=lambda: next(ticks) * 0.5)
+    engine.run([(0.0, [1, 2, 3], 2)])
+    assert engine.clock > 0
+    for early in (0.0, engine.clock - 0.1):
+        with pytest.raises(ValueError, match="cannot arrive before now"):
+            engine.add_request([1, 2], 2, early)
+    before = len(engine.sequences)
+    with pytest.raises(ValueError, match="cannot arrive before now"):
+        engine.run([(engine.clock + 1, [1, 2], 2), (0.0, [3, 4], 2)])
+    assert len(engine.sequences) == before          # the refused trace left nothing behind
+    rid = engine.add_request([1, 2], 2, engine.clock)
+    assert engine.sequences[rid].arrival == engine.clock
+

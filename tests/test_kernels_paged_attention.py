@@ -190,9 +190,18 @@ def _bad_inputs():
          "context_lens must be int32 or int64"),
         (lambda a: a.update(block_tables=a["block_tables"][0]), ValueError, r"block_tables must be \(B=2, W >= 1\)"),
         (lambda a: a.update(q=a["q"].tolist()), TypeError, "q"),
+        (lambda a: a["block_tables"].__setitem__((1, 2), -1), ValueError,
+         r"block_tables\[1, 2\] is -1, not a block of the pool \(0 \.\. 7\); row 1 has 9 positions"),
+        (lambda a: a["block_tables"].__setitem__((0, 1), 8), ValueError, r"block_tables\[0, 1\] is 8, not a block"),
+        (lambda a: a["block_tables"].__setitem__((0, 0), 10 ** 9), ValueError, "is 1000000000, not a block"),
+        (lambda a: a.update(k_cache=a["k_cache"][:, :, :0], v_cache=a["v_cache"][:, :, :0]), ValueError,
+         "at least one KV head"),
+        (lambda a: a.update(k_cache=a["k_cache"][:, :0], v_cache=a["v_cache"][:, :0]), ValueError,
+         "a block size >= 1"),
     ],
     ids=["q-rank", "cache-rank", "cache-shapes", "gqa", "cache-dtype", "q-int", "len-0", "len-too-long",
-         "lens-shape", "table-int16", "table-float", "lens-float", "table-rank", "q-list"],
+         "lens-shape", "table-int16", "table-float", "lens-float", "table-rank", "q-list", "id-minus-one",
+         "id-past-pool", "id-huge", "no-kv-head", "block-size-0"],
 )
 @pytest.mark.parametrize("fn", [reference_paged_decode_attention, paged_decode_attention],
                          ids=["reference", "dispatch"])
@@ -201,6 +210,53 @@ def test_invalid_inputs_raise(fn, change, error, match):
     change(args)
     with pytest.raises(error, match=match):
         fn(**args)
+
+
+_BAD_IDS = (-1, -(2 ** 31), 10 ** 9, 2 ** 31 - 1)
+
+
+def _fuzz_cases(n: int, device: str = "cpu"):
+    """(case, bad) pairs from seeded random batches: padding past each row's context always holds
+    garbage (-1, ids past the pool, the largest int); in about half the cases one entry inside some
+    row's context is replaced by an id outside the pool, and ``bad`` says where ((row, column), or None)."""
+    import random
+
+    rng = random.Random(2029)
+    for i in range(n):
+        lens = [rng.randint(1, 23) for _ in range(rng.randint(1, 4))]
+        c = _case(lens, Hq=4, Hkv=rng.choice([1, 2]), D=8, block_size=rng.choice([1, 3, 4, 8]), seed=i,
+                  fill=0.0, pad_columns=rng.randint(0, 3), table_dtype=rng.choice([torch.int32, torch.int64]),
+                  device=device)
+        bad = None
+        if rng.random() < 0.5:
+            b = rng.randrange(len(lens))
+            j = rng.randrange(-(-lens[b] // c["k_cache"].shape[1]))
+            num_blocks = c["k_cache"].shape[0]
+            value = rng.choice(_BAD_IDS + (num_blocks, num_blocks + rng.randint(1, 50)))
+            if c["tables"].dtype == torch.int32 or abs(value) < 2 ** 31:
+                c["tables"][b, j] = value
+                bad = (b, j)
+        yield c, bad
+
+
+def _fuzz(fn, n: int, device: str = "cpu") -> None:
+    """FN over ``_fuzz_cases``: a bad id inside a context is refused naming its entry; otherwise the
+    result equals contiguous attention (never a read of block 0 or outside the pool)."""
+    refused = 0
+    for c, bad in _fuzz_cases(n, device):
+        if bad is not None:
+            with pytest.raises(ValueError, match=rf"block_tables\[{bad[0]}, {bad[1]}\] is -?\d+, not a block"):
+                fn(*_args(c))
+            refused += 1
+        else:
+            torch.testing.assert_close(fn(*_args(c)).cpu(), _contiguous(c), **TOL[torch.float32])
+    assert 0 < refused < n
+
+
+@pytest.mark.parametrize("fn", [reference_paged_decode_attention, paged_decode_attention],
+                         ids=["reference", "dispatch"])
+def test_fuzzed_block_tables_are_refused_inside_the_context_and_free_outside(fn):
+    _fuzz(fn, 40)
 
 
 def test_dispatch_refuses_float64_and_bad_options():
@@ -356,6 +412,13 @@ def test_triton_kernel_garbage_padding_and_index_dtypes(table_dtype):
     out = _check_kernel(c)
     c32 = {**c, "lens": c["lens"].to(torch.int32)}
     assert torch.equal(paged_decode_attention(*_args(c32)), out)
+
+
+@needs_kernel
+def test_triton_kernel_fuzzed_block_tables():
+    """The kernel (interpreted in test_interpreter_subprocess, a child process, so a read far outside
+    the pool would end it instead of this run) behind the same checks: refused or right."""
+    _fuzz(paged_decode_attention, 24, DEVICE)
 
 
 @needs_kernel

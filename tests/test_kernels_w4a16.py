@@ -151,6 +151,11 @@ BAD_INPUTS = [
     (dict(scales=torch.ones(3, 2, dtype=torch.float16, device="meta")), ValueError,
      "scales is on meta but x is on cpu"),
     (dict(packed=torch.zeros(3, 4, dtype=torch.uint8, device="meta")), ValueError, "packed is on meta"),
+    (dict(zeros=torch.full((3, 2), 16.0, dtype=torch.float16)), ValueError, r"whole numbers in \[0, 15\].*got 16\.0"),
+    (dict(zeros=torch.full((3, 2), -1.0, dtype=torch.float16)), ValueError, r"whole numbers in \[0, 15\].*got -1\.0"),
+    (dict(zeros=torch.full((3, 2), 2.5)), ValueError, r"whole numbers in \[0, 15\].*got 2\.5"),
+    (dict(zeros=torch.full((3, 2), float("nan"))), ValueError, r"whole numbers in \[0, 15\].*got nan"),
+    (dict(zeros=torch.full((3, 2), 200, dtype=torch.uint8)), ValueError, r"whole numbers in \[0, 15\].*got 200"),
 ]
 
 

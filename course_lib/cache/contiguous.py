@@ -8,10 +8,11 @@ positions: RoPE positions are passed explicitly to the model (course Lab 2).
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 
-from ..validation import ArgumentTypeError, instance, integer, nonnegative_integer, positive_integer
+from ..validation import ArgumentTypeError, fits_memory, instance, integer, nonnegative_integer, positive_integer
 
 #: The sizes ``KVCache.for_model`` reads from a model's config.
 MODEL_SIZES = ("n_layers", "n_kv_heads", "head_dim", "max_seq_len")
@@ -55,6 +56,8 @@ class KVCache:
             ("head_dim", head_dim))}
         _floating_dtype("KVCache dtype", dtype)
         shape = tuple(sizes.values())
+        fits_memory("KVCache max_len", max_len, 2 * math.prod(shape) * dtype.itemsize, device=device,
+                    what="K and V of shape (n_layers, batch, n_kv_heads, max_len, head_dim)")
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self._length = 0

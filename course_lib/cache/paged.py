@@ -32,13 +32,14 @@ compare against it. It is written for clarity, not speed (Python loops over bloc
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
 import torch
 
-from ..validation import (ArgumentTypeError, boolean, instance, integer, is_integer, nonnegative_integer,
+from ..validation import (ArgumentTypeError, boolean, fits_memory, instance, integer, is_integer, nonnegative_integer,
                           positive_integer, token_ids as _check_token_ids)
 
 __all__ = [
@@ -91,6 +92,11 @@ def _floating(name: str, x) -> torch.Tensor:
     return x
 
 
+#: Bytes of Python bookkeeping per block in ``BlockAllocator`` (a free-list entry and its int, three
+#: list slots), rounded up: what ``fits_memory`` prices a huge ``num_blocks`` at before any list exists.
+_BOOKKEEPING_BYTES = 64
+
+
 class BlockAllocator:
     """Block ids, reference counts, the free list and the prefix-hash index of a paged cache,
     without any storage: the bookkeeping half of course Lab 2's paged KV cache.
@@ -126,6 +132,8 @@ class BlockAllocator:
         name = type(self).__name__
         self.num_blocks = positive_integer(f"{name} num_blocks", num_blocks)
         self.block_size = positive_integer(f"{name} block_size", block_size)
+        fits_memory(f"{name} num_blocks", self.num_blocks, _BOOKKEEPING_BYTES * self.num_blocks,
+                    what=f"the free list and per-block lists (about {_BOOKKEEPING_BYTES} bytes a block)")
         self.free_block_ids: deque[int] = deque(range(self.num_blocks))
         self.ref_counts: list[int] = [0] * self.num_blocks
         self.hash_to_block_id: dict[int, int] = {}
@@ -295,13 +303,17 @@ class BlockPool(BlockAllocator):
 
     def __init__(self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
-        super().__init__(num_blocks, block_size)
+        num_blocks = positive_integer("BlockPool num_blocks", num_blocks)
+        block_size = positive_integer("BlockPool block_size", block_size)
         n_kv_heads = positive_integer("BlockPool n_kv_heads", n_kv_heads)
         head_dim = positive_integer("BlockPool head_dim", head_dim)
         instance("BlockPool dtype", dtype, torch.dtype)
         if not dtype.is_floating_point:
             raise ArgumentTypeError(f"BlockPool dtype must be a floating torch dtype, got {dtype}")
-        shape = (self.num_blocks, self.block_size, n_kv_heads, head_dim)
+        shape = (num_blocks, block_size, n_kv_heads, head_dim)
+        fits_memory("BlockPool num_blocks", num_blocks, 2 * math.prod(shape) * dtype.itemsize, device=device,
+                    what="the pool's K and V (2 * num_blocks * block_size * n_kv_heads * head_dim * element size)")
+        super().__init__(num_blocks, block_size)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 

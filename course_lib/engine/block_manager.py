@@ -26,7 +26,7 @@ from collections import Counter
 from typing import Iterable
 
 from ..cache.paged import BlockAllocator, BlockPoolExhaustedError, PagedSequence
-from ..validation import positive_integer
+from ..validation import instance, integer, nonnegative_integer, positive_integer
 from .sequence import Sequence
 
 __all__ = ["BlockManager"]
@@ -75,7 +75,10 @@ class BlockManager:
         """Allocate the blocks positions filled .. filled + n_new - 1 need; return their flat slots.
 
         Raises: BlockPoolExhaustedError when the allocator lacks blocks (nothing is allocated then; the
-        scheduler's capacity rule keeps this from happening, see ``Scheduler``)."""
+        scheduler's capacity rule keeps this from happening, see ``Scheduler``); ArgumentTypeError for a
+        seq that is not a ``Sequence``, ValueError for n_new that is not an int >= 0."""
+        seq = instance("seq", seq, Sequence)
+        n_new = nonnegative_integer("n_new", n_new)
         paged, bs = seq.paged, self.block_size
         start = paged.length
         need = -(-(start + n_new) // bs) - len(paged.block_table)
@@ -92,9 +95,18 @@ class BlockManager:
 
     def commit(self, seq: Sequence, n_new: int) -> None:
         """After the forward wrote them: positions filled .. filled + n_new - 1 are cached; every block
-        that became full is registered under its chained hash (for later prefix hits)."""
+        that became full is registered under its chained hash (for later prefix hits).
+
+        Raises (before changing anything): ArgumentTypeError for a seq that is not a ``Sequence``;
+        ValueError for n_new that is not an int in 0 .. the positions ``reserve`` gave blocks for and
+        the sequence has tokens for."""
+        seq = instance("seq", seq, Sequence)
         paged, bs = seq.paged, self.block_size
         start = paged.length
+        room = min(len(paged.block_table) * bs, len(seq.token_ids)) - start
+        n_new = integer("n_new", n_new, minimum=0, maximum=max(room, 0),
+                        note=f"sequence {seq.rid} has {len(paged.block_table)} blocks of {bs} for {start} cached "
+                             f"positions and {len(seq.token_ids)} tokens: reserve the positions first")
         paged.token_ids.extend(seq.token_ids[start:start + n_new])
         paged.length = start + n_new
         for index in range(start // bs, paged.length // bs):

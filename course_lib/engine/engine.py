@@ -33,7 +33,8 @@ from ..models.config import weight_bytes
 from ..models.decoder import Decoder
 from ..scheduling.step import CHUNK_BUDGET, RequestTooLargeError, admit_limit
 from ..scheduling.workload import RequestRecord
-from ..validation import boolean, instance, integer, nonnegative_number, positive_integer, token_ids
+from ..validation import (ArgumentTypeError, boolean, fits_memory, instance, integer, number,
+                          positive_integer, token_ids)
 from .block_manager import BlockManager
 from .runner import ChunkInput, ModelRunner
 from .scheduler import Scheduler, scheduling_deployment
@@ -110,7 +111,9 @@ class Engine:
 
     Raises:
         ArgumentTypeError / ValueError naming the argument: a model that is not a Decoder, a size that
-        is not a positive int, num_blocks <= max_running.
+        is not a positive int, num_blocks <= max_running or so many that their K/V would not fit in the
+        memory of the model's device (``validation.fits_memory``; checked before anything is
+        allocated), a decode_attention that is not callable.
     """
 
     def __init__(self, model: Decoder, num_blocks: int, block_size: int = 16, budget: int | None = CHUNK_BUDGET,
@@ -122,6 +125,15 @@ class Engine:
         num_blocks = integer("num_blocks", num_blocks, minimum=max_running + 1,
                              note="more blocks than max_running: each running sequence may leave one block "
                                   "partly empty")
+        c = model.config
+        fits_memory("num_blocks", num_blocks,
+                    2 * c.n_layers * num_blocks * block_size * c.n_kv_heads * c.head_dim * model.embed_tokens.weight.element_size(),
+                    device=model.embed_tokens.weight.device,
+                    what=f"the K/V blocks of {c.n_layers} layers (2 * n_layers * num_blocks * block_size * n_kv_heads * "
+                         "head_dim * element size)")
+        if decode_attention is not None and not callable(decode_attention):
+            raise ArgumentTypeError(f"decode_attention must be None or a callable with the arguments of "
+                                    f"paged_decode_attention_unchecked, got {type(decode_attention).__qualname__}")
         if budget is not None:
             budget = positive_integer("budget", budget, note="None for no limit")
         self.keep_logits = boolean("keep_logits", keep_logits)
@@ -149,12 +161,13 @@ class Engine:
             prompt_ids: token ids (a sequence of ints or a 1-D integer tensor), at least one, in the
                 model's vocabulary.
             max_new_tokens: tokens to generate greedily (int >= 1).
-            arrival: when it arrives on the engine's clock (s, >= 0); None means now. A later arrival
-                waits outside the queue until the clock reaches it.
+            arrival: when it arrives on the engine's clock (s, at least the clock's current time, which
+                starts at 0); None means now. A later arrival waits outside the queue until the clock
+                reaches it.
 
         Raises:
             ArgumentTypeError / ValueError: ids that are not ints in the vocabulary, an empty prompt,
-                max_new_tokens < 1 or past the model's max_seq_len, a negative arrival.
+                max_new_tokens < 1 or past the model's max_seq_len, an arrival before the engine's clock.
             RequestTooLargeError (a ValueError): prompt + max_new_tokens - 1 positions do not fit the
                 scheduler's KV capacity (the request could never finish); nothing is queued.
         """
@@ -167,7 +180,12 @@ class Engine:
                              f"{c.max_seq_len}")
         n = integer("max_new_tokens", max_new_tokens, minimum=1, maximum=c.max_seq_len - len(prompt) + 1,
                     note=f"a prompt of {len(prompt)} tokens; max_seq_len {c.max_seq_len}")
-        arrival = self.clock if arrival is None else float(nonnegative_number("arrival", arrival, note="seconds"))
+        if arrival is None:
+            arrival = self.clock
+        else:
+            arrival = float(number("arrival", arrival, minimum=self.clock,
+                                   note=f"seconds on the engine's clock, which is at {self.clock:g} s: a request "
+                                        "cannot arrive before now, its TTFT would count time before it existed"))
         positions = len(prompt) + n - 1
         limit = admit_limit(self.deployment)
         if positions > limit:

@@ -33,7 +33,11 @@ import sys
 from types import ModuleType
 
 __all__ = ["TritonMode", "triton_mode", "notice_once", "triton_import_error", "import_triton", "kernel_interpreted",
-           "fallback_notice"]
+           "fallback_notice", "MAX_TILE_ELEMENTS", "check_tile"]
+
+#: Most elements one Triton block (a ``tl.arange`` range or a tile) may hold: Triton's
+#: ``triton.language.TRITON_MAX_TENSOR_NUMEL`` (2^20 in Triton 3); a larger one does not compile.
+MAX_TILE_ELEMENTS = 1 << 20
 
 _TRUTHY = {"1", "true", "yes", "on", "y"}
 
@@ -152,3 +156,18 @@ def fallback_notice(where: str, key: str, kernel, mode: TritonMode, tensor) -> t
                   if mode == "interpreter" else "compiled Triton needs CUDA tensors")
         return f"{key}-native-cpu", f"{where}: {tensor.device} tensors, {reason}; using the PyTorch reference."
     return None
+
+
+def check_tile(what: str, **sizes: int) -> None:
+    """Refuse block sizes whose tile (their product) exceeds ``MAX_TILE_ELEMENTS``, before any launch.
+
+    Raises:
+        ValueError: naming the sizes, the tile's elements and the limit.
+    """
+    elements = 1
+    for value in sizes.values():
+        elements *= value
+    if elements > MAX_TILE_ELEMENTS:
+        given = " x ".join(f"{name} {value}" for name, value in sizes.items())
+        raise ValueError(f"{what}: a tile of {given} holds {elements:,} elements, more than the {MAX_TILE_ELEMENTS:,} "
+                         "a Triton block may hold; use smaller blocks")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..validation import instance, power_of_two
-from . import fallback_notice, import_triton, kernel_interpreted, notice_once, triton_mode
+from . import check_tile, fallback_notice, import_triton, kernel_interpreted, notice_once, triton_mode
 
 __all__ = ["reference_gemv", "gemv", "SUPPORTED_DTYPES", "DEFAULT_BLOCK_M", "DEFAULT_BLOCK_N"]
 
@@ -129,11 +129,12 @@ def gemv(
 
     Raises:
         TypeError / ValueError: as :func:`reference_gemv`; ValueError for a block that is not
-        a positive power of two.
+        a positive power of two, or a block_m x block_n tile past ``MAX_TILE_ELEMENTS``.
     """
     M, N = _check_inputs(W, x)
     block_m = power_of_two("block_m", block_m, note="tl.arange needs one")
     block_n = power_of_two("block_n", block_n, note="tl.arange needs one")
+    check_tile("gemv", block_m=block_m, block_n=block_n)
 
     fallback = fallback_notice("course_lib.kernels.gemv", "gemv", _gemv_kernel, triton_mode(), W)
     if fallback is not None:

@@ -12,8 +12,9 @@ Shapes and dtypes (every public function):
         ``BlockPool.k`` layout), the dtype of q. Hkv divides Hq; query head h reads KV head
         h // (Hq // Hkv) (consecutive query heads share a KV head, as in ``models.attention``).
     block_tables: (B, W) int32 or int64: row b lists the physical blocks of sequence b in logical
-        order; W is the widest row of the batch, and the entries of row b past
-        ceil(context_lens[b] / block_size) are padding (any value: they are never read).
+        order; W is the widest row of the batch. Its first ceil(context_lens[b] / block_size)
+        entries are read and must be blocks of the pool (0 .. num_blocks - 1); the entries past them
+        are padding (any value: they are never read).
     context_lens: (B,) int32 or int64, cached positions of each sequence including the newest,
         1 <= context_lens[b] <= W * block_size.
     returns: (B, Hq, D) in q's dtype; scores, softmax and the weighted sum in float32, scale
@@ -76,7 +77,7 @@ import math
 import torch
 
 from ..validation import ArgumentTypeError, instance, positive_integer, power_of_two
-from . import fallback_notice, import_triton, kernel_interpreted, notice_once, triton_mode
+from . import check_tile, fallback_notice, import_triton, kernel_interpreted, notice_once, triton_mode
 
 __all__ = ["reference_paged_decode_attention", "paged_decode_attention_unchecked", "gather_blocks",
            "check_paged_decode_inputs", "write_slots", "paged_decode_attention", "paged_decode_kernel_unchecked",
@@ -199,8 +200,15 @@ def check_paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens) -
     Raises:
         ArgumentTypeError: a non-tensor; q or the caches not floating, or of different dtypes;
             block_tables or context_lens not int32 / int64.
-        ValueError: wrong ranks; B, D or Hkv that disagree; Hkv not dividing Hq; a context length
-            < 1 or longer than the table row holds; a tensor on another device than q.
+        ValueError: wrong ranks; B, D or Hkv that disagree; no KV head or a block size of 0; Hkv not
+            dividing Hq; a context length < 1 or longer than the table row holds; a block id outside
+            the pool (< 0 or >= num_blocks) among the first ceil(context_lens[b] / block_size) entries
+            of row b, the entries the functions read (the rest is padding and may hold anything); a
+            tensor on another device than q.
+
+    The checks read ``context_lens`` and ``block_tables`` back to the host (one synchronisation on
+    a GPU): a bad id would otherwise be read as block 0 by the PyTorch path and outside the pool by
+    the kernel.
     """
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
                     ("context_lens", context_lens)):
@@ -219,17 +227,29 @@ def check_paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens) -
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.shape[3] != D:
         raise ValueError(f"k_cache and v_cache must both be (num_blocks, block_size, Hkv, D={D}), got "
                          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    Hkv = k_cache.shape[2]
+    num_blocks, block_size, Hkv = k_cache.shape[:3]
+    if Hkv < 1 or block_size < 1:
+        raise ValueError(f"k_cache and v_cache need at least one KV head and a block size >= 1, got shape "
+                         f"{tuple(k_cache.shape)} (num_blocks, block_size, Hkv, D)")
     if Hq % Hkv:
         raise ValueError(f"KV heads ({Hkv}) must divide query heads ({Hq})")
     if block_tables.dim() != 2 or block_tables.shape[0] != B or block_tables.shape[1] < 1:
         raise ValueError(f"block_tables must be (B={B}, W >= 1), got {tuple(block_tables.shape)}")
     if tuple(context_lens.shape) != (B,):
         raise ValueError(f"context_lens must be (B={B},), got {tuple(context_lens.shape)}")
-    width = block_tables.shape[1] * k_cache.shape[1]
+    width = block_tables.shape[1] * block_size
     if B and (int(context_lens.min()) < 1 or int(context_lens.max()) > width):
         raise ValueError(f"context_lens must be in 1 .. W * block_size = {width}, got "
                          f"{context_lens.min().item()} .. {context_lens.max().item()}")
+    read = (torch.arange(block_tables.shape[1], device=q.device)[None, :]
+            < (context_lens[:, None].to(torch.int64) + block_size - 1) // block_size)
+    outside = read & ((block_tables < 0) | (block_tables >= num_blocks))
+    if bool(outside.any()):
+        b, j = (int(i) for i in outside.nonzero()[0])
+        raise ValueError(f"block_tables[{b}, {j}] is {int(block_tables[b, j])}, not a block of the pool "
+                         f"(0 .. {num_blocks - 1}); row {b} has {int(context_lens[b])} positions, so its first "
+                         f"{-(-int(context_lens[b]) // block_size)} entries are read (entries past them are padding "
+                         "and may hold anything)")
 
 
 def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:
@@ -399,7 +419,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     Raises:
         ArgumentTypeError / ValueError: as :func:`check_paged_decode_inputs`; ArgumentTypeError for a dtype
         other than float32, bfloat16 and float16; ValueError for a ``block_n`` that is not a power of two
-        or a ``num_splits`` below 1.
+        or whose (group, block_n, head_dim) product tile, padded, exceeds ``MAX_TILE_ELEMENTS``, or a
+        ``num_splits`` below 1.
     """
     check_paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens)
     if q.dtype not in SUPPORTED_DTYPES:
@@ -407,6 +428,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                                 "(reference_paged_decode_attention takes any floating dtype)")
     if block_n is not None:
         block_n = power_of_two("block_n", block_n, note="tl.arange needs one")
+        B, Hq, D = q.shape
+        check_tile("paged_decode_attention", group=_next_power_of_two(Hq // k_cache.shape[2]), block_n=block_n,
+                   head_dim=_next_power_of_two(D))
     if num_splits is not None:
         num_splits = positive_integer("num_splits", num_splits)
     B, Hq, D = q.shape

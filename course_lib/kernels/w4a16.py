@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import torch
 
-from ..quant.packing import PackedInt4, unpack_int4
+from ..quant.packing import PackedInt4, check_int4_zero_points, unpack_int4
 from ..validation import ArgumentTypeError, instance, positive_integer, power_of_two
-from . import fallback_notice, import_triton, kernel_interpreted, notice_once, triton_mode
+from . import check_tile, fallback_notice, import_triton, kernel_interpreted, notice_once, triton_mode
 
 __all__ = [
     "reference_w4a16", "w4a16_matmul", "X_DTYPES", "SCALE_DTYPES", "ZERO_DTYPES",
@@ -185,6 +185,8 @@ def _check_inputs(x, packed, scales, group_size, zeros, in_features=None) -> tup
     for name, t in (("packed", packed), ("scales", scales), ("zeros", zeros)):
         if t is not None and t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}; expected the same device")
+    if zeros is not None:
+        check_int4_zero_points("zeros", zeros)
     return M, N, K
 
 
@@ -213,7 +215,7 @@ def reference_w4a16(
         scales: (N, K // group_size) float16 or float32.
         group_size: int >= 1 dividing K.
         zeros: None (codes are signed, -8..7) or (N, K // group_size) float16, float32 or uint8
-            zero points (codes are unsigned, 0..15).
+            zero points, whole numbers in 0..15 (codes are unsigned, 0..15).
 
     Returns:
         y: (M, N) float32 on x's device.
@@ -222,7 +224,8 @@ def reference_w4a16(
         TypeError (``ArgumentTypeError``, also a ValueError): an argument that is not a tensor,
             or a tensor of the wrong dtype.
         ValueError: wrong ranks or shapes, a group size that does not divide K, tensors on
-            different devices, a PackedInt4 mixed with raw tensors.
+            different devices, a PackedInt4 mixed with raw tensors, a zero point that is not a whole
+            number in 0..15 (``quant.packing.check_int4_zero_points``).
     """
     packed, scales, group_size, zeros, perm, in_features = _unpack_arguments(packed, scales, group_size, zeros)
     M, N, K = _check_inputs(x, packed, scales, group_size, zeros, in_features)
@@ -269,7 +272,8 @@ def w4a16_matmul(
 
     Raises:
         TypeError / ValueError: as :func:`reference_w4a16`; ValueError for a block that is not a
-        power of two or is below its minimum (``tl.dot`` tiles are at least 16 wide).
+        power of two or is below its minimum (``tl.dot`` tiles are at least 16 wide), or two blocks
+        whose tile exceeds ``MAX_TILE_ELEMENTS``.
     """
     packed, scales, group_size, zeros, perm, in_features = _unpack_arguments(packed, scales, group_size, zeros)
     M, N, K = _check_inputs(x, packed, scales, group_size, zeros, in_features)
@@ -281,6 +285,9 @@ def w4a16_matmul(
             raise ValueError(f"{name} must be at least {MIN_BLOCK[name]} (tl.dot tiles are at least 16 wide), "
                              f"got {value}")
         blocks[name] = value
+    check_tile("w4a16_matmul", block_m=blocks["block_m"], block_k=blocks["block_k"])
+    check_tile("w4a16_matmul", block_k=blocks["block_k"], block_n=blocks["block_n"])
+    check_tile("w4a16_matmul", block_m=blocks["block_m"], block_n=blocks["block_n"])
 
     fallback = fallback_notice("course_lib.kernels.w4a16", "w4a16", _w4a16_kernel, triton_mode(), x)
     if fallback is not None:

@@ -22,7 +22,7 @@ import torch
 from ..validation import boolean, instance, integer_tensor, one_of, positive_integer
 from .formats import QuantizedTensor, QuantScheme, quantize
 
-__all__ = ["NIBBLE_ORDERS", "pack_int4", "unpack_int4", "PackedInt4", "pack_weight"]
+__all__ = ["NIBBLE_ORDERS", "pack_int4", "unpack_int4", "PackedInt4", "pack_weight", "check_int4_zero_points"]
 
 #: The nibble layouts ``pack_int4``/``unpack_int4`` know.
 NIBBLE_ORDERS: tuple[str, ...] = ("pairs", "halves")
@@ -98,6 +98,20 @@ def unpack_int4(packed: torch.Tensor, n: int, signed: bool = True, order: str = 
     return torch.stack([first, second], dim=-1).reshape(*packed.shape[:-1], 2 * width)[..., :n].contiguous()
 
 
+def check_int4_zero_points(name: str, zeros: torch.Tensor) -> None:
+    """Refuse zero points an unsigned 4-bit code cannot sit on: each must be a whole number in
+    0..15 (``docs/quantization.md#asymmetric-min-max``: z = clamp(round(-lo / s), 0, 15)).
+
+    Raises:
+        ValueError: naming the first bad zero point and where it is (NaN and infinities included).
+    """
+    bad = ~((zeros == zeros.round()) & (zeros >= 0) & (zeros <= 15))
+    if bool(bad.any()):
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{name} must hold whole numbers in [0, 15] (a 4-bit code's range), got {float(zeros[where])} "
+                         f"at {where}")
+
+
 @dataclass(frozen=True)
 class PackedInt4:
     """A 4-bit weight as a kernel stores it: packed codes ("pairs" layout), group scales, zero points.
@@ -150,9 +164,7 @@ class PackedInt4:
             if self.zeros.dtype != self.scales.dtype:
                 raise ValueError(f"PackedInt4.zeros must have the scales' dtype {self.scales.dtype}, "
                                  f"got {self.zeros.dtype}")
-            bad = (self.zeros != self.zeros.round()) | (self.zeros < 0) | (self.zeros > 15)
-            if bool(bad.any()):
-                raise ValueError("PackedInt4.zeros must hold integers in [0, 15]")
+            check_int4_zero_points("PackedInt4.zeros", self.zeros)
         if self.perm is not None:
             integer_tensor("PackedInt4.perm", self.perm, ranks=(1,), layout="(in,)", dtype=torch.int64)
             if self.perm.numel() != in_features or not torch.equal(

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..validation import (ArgumentTypeError, boolean, instance, integer, integer_tensor, nonnegative_integer,
+from ..validation import (ArgumentTypeError, boolean, fits_memory, instance, integer, integer_tensor, nonnegative_integer,
                           number, positive_integer, positive_number, token_ids)
 from ..models.decoder import check_ids_and_positions
 from .sampling import (ROW_SUM_TOLERANCE, accept_or_resample, sample_categorical, sampling_probs, verify_block)
@@ -62,6 +62,7 @@ class TokenCache:
     def __init__(self, batch: int, max_len: int) -> None:
         batch = positive_integer("TokenCache batch", batch)
         max_len = positive_integer("TokenCache max_len", max_len)
+        fits_memory("TokenCache batch * max_len", batch * max_len, 8 * batch * max_len, what="int64 token slots")
         self.tokens = torch.zeros(batch, max_len, dtype=torch.int64)
         self.lengths = torch.zeros(batch, dtype=torch.int64)
 
@@ -424,6 +425,8 @@ def sample_speculative(target: MarkovLM, draft: MarkovLM, prompt, n_tokens: int,
     P = len(prompt)
     goal = P + n_tokens
     capacity = goal + gamma  # the longest a row gets: L <= goal - 1, plus k + 1 <= gamma + 1
+    fits_memory("n_samples", n_samples, 3 * 8 * n_samples * capacity,
+                what=f"the emitted tokens and both models' token caches, int64 (n_samples, {capacity})")
     sequences = torch.zeros(n_samples, capacity, dtype=torch.int64)
     sequences[:, :P] = torch.tensor(prompt)
     lengths = torch.full((n_samples,), P, dtype=torch.int64)

@@ -38,7 +38,7 @@ import math
 import torch
 from torch.nn import functional as F
 
-from ...validation import ArgumentTypeError, instance, integer
+from ...validation import ArgumentTypeError, fits_memory, instance, integer, positive_number
 
 __all__ = ["ROW_TILE", "PIECE", "linear", "fixed_order_sum", "exp", "silu", "rms_norm", "softmax", "attention"]
 
@@ -71,7 +71,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, tile: int = ROW_TILE) -> torch
 
     Raises:
         ArgumentTypeError: a non-tensor or non-floating input, or a tile that is not an int.
-        ValueError: weight not of rank 2, K that differ, tile < 1, inputs on different devices.
+        ValueError: weight not of rank 2, K that differ, tile < 1, inputs on different devices, a
+            tile whose padded rows would not fit in memory (``validation.fits_memory``).
     """
     _floating("x", x), _floating("weight", weight)
     tile = integer("tile", tile, minimum=1, note="rows per call")
@@ -81,10 +82,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, tile: int = ROW_TILE) -> torch
     if x.device != weight.device:
         raise ValueError(f"x is on {x.device} but weight is on {weight.device}")
     lead, K = x.shape[:-1], x.shape[-1]
+    M = math.prod(lead)
+    padded = math.ceil(M / tile) * tile
+    fits_memory("tile", tile, 4 * padded * (K + weight.shape[0]), device=x.device,
+                what=f"{padded} float32 rows padded to whole tiles and their products")
     rows = x.reshape(-1, K).to(torch.float32)
     w = weight.to(torch.float32)
-    M = rows.shape[0]
-    padded = math.ceil(M / tile) * tile
     if padded != M:
         rows = torch.cat([rows, rows.new_zeros(padded - M, K)])
     out = torch.cat([F.linear(rows[i:i + tile], w) for i in range(0, padded, tile)]) if padded else \
@@ -155,15 +158,35 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         (..., D) in x's dtype, computed in float32.
 
     Raises:
-        ArgumentTypeError: non-tensor or non-floating inputs. ValueError: weight not (D,).
+        ArgumentTypeError: non-tensor or non-floating inputs, an eps that is not a number (a str, a
+            tensor). ValueError: weight not (D,), on another device than x; eps not finite and > 0 (0
+            gives NaN rows for x = 0, a negative eps NaN wherever mean(x^2) < -eps).
     """
     _floating("x", x), _floating("weight", weight)
+    eps = positive_number("eps", eps, note="added to mean(x^2) under the square root")
     if weight.dim() != 1 or x.dim() < 1 or weight.shape[0] != x.shape[-1]:
         raise ValueError(f"rms_norm needs x (..., D) and weight (D,), got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if x.device != weight.device:
+        raise ValueError(f"x is on {x.device} but weight is on {weight.device}")
     xf = x.to(torch.float32)
     mean_square = fixed_order_sum(xf * xf) / xf.shape[-1]
     scale = 1.0 / torch.sqrt(mean_square + eps)           # sqrt and / are correctly rounded everywhere
     return (weight.to(torch.float32) * (xf * scale[..., None])).to(x.dtype)
+
+
+def _check_mask(name: str, mask, scores: torch.Tensor) -> None:
+    instance(name, mask, torch.Tensor)
+    if mask.dtype != torch.bool:
+        raise ArgumentTypeError(f"{name} must be a bool tensor (True where a score may be used), got dtype {mask.dtype}")
+    try:
+        fits = torch.broadcast_shapes(mask.shape, scores.shape) == scores.shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"{name} of shape {tuple(mask.shape)} does not broadcast to the scores' shape "
+                         f"{tuple(scores.shape)}")
+    if mask.device != scores.device:
+        raise ValueError(f"{name} is on {mask.device} but the scores are on {scores.device}")
 
 
 def softmax(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
@@ -175,12 +198,19 @@ def softmax(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.
             (so zeros they multiply stay out of every sum). A row with no allowed entry gets all zeros.
 
     Returns:
-        (..., S) float32 probabilities.
+        (..., S) float32 probabilities; S = 0 gives an empty result.
+
+    Raises:
+        ArgumentTypeError: scores not a floating tensor, allowed not a bool tensor.
+        ValueError: allowed not broadcastable to scores' shape, or on another device.
     """
     _floating("scores", scores)
     s = scores.to(torch.float32)
     if allowed is not None:
+        _check_mask("allowed", allowed, scores)
         s = s.masked_fill(~allowed, float("-inf"))
+    if s.shape[-1] == 0:
+        return s
     peak = s.amax(-1, keepdim=True)                       # a maximum is exact in any order
     peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
     e = exp(s - peak)
@@ -200,10 +230,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.
             h // (Hq // Hkv)). allowed: (B, T, S) bool, True where query t may read key s.
 
     Returns:
-        (B, Hq, T, D) float32.
+        (B, Hq, T, D) float32; a query with no allowed key (S = 0 included) gets zeros.
 
     Raises:
-        ArgumentTypeError / ValueError: non-floating tensors, shapes that do not fit together.
+        ArgumentTypeError / ValueError: non-floating tensors, shapes that do not fit together, no KV
+        head (Hkv = 0), tensors on different devices.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _floating(name, t)
@@ -211,13 +242,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.
             raise ValueError(f"{name} must have rank 4, got shape {tuple(t.shape)}")
     B, Hq, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
-    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D or Hq % Hkv:
+    if Hkv < 1 or k.shape != v.shape or k.shape[0] != B or k.shape[3] != D or Hq % Hkv:
         raise ValueError(f"attention needs q (B, Hq, T, D) and k, v (B, Hkv, S, D) with Hkv dividing Hq, got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     instance("allowed", allowed, torch.Tensor)
     if allowed.dtype != torch.bool or tuple(allowed.shape) != (B, T, S):
         raise ValueError(f"allowed must be a (B, T, S) = {(B, T, S)} bool tensor, got {tuple(allowed.shape)} "
                          f"{allowed.dtype}")
+    for name, t in (("k", k), ("v", v), ("allowed", allowed)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
     G = Hq // Hkv
     qg = q.to(torch.float32).reshape(B, Hkv, G, T, 1, D)
     kk = k.to(torch.float32)[:, :, None, None]                        # (B, Hkv, 1, 1, S, D)
