@@ -38,7 +38,7 @@ from typing import Any, Iterable
 __all__ = [
     "ArgumentTypeError", "MAX_TOKEN_ID", "is_integer", "integer", "positive_integer", "nonnegative_integer",
     "power_of_two", "number", "positive_number", "nonnegative_number", "boolean", "instance", "one_of",
-    "token_ids", "integer_tensor", "memory_bytes", "fits_memory",
+    "token_ids", "integer_tensor", "materialized", "memory_bytes", "fits_memory",
 ]
 
 #: Largest token id any check accepts when no vocabulary size is given (ids are stored as int64).
@@ -237,10 +237,14 @@ def token_ids(name: str, value: Any, *, vocab_size: int | None = None) -> list[i
     Raises:
         ArgumentTypeError: a str/bytes, a non-iterable, a float or bool tensor, or an element
             that is not an int (named ``name[i]``).
-        ValueError: a tensor that is not 1-D, or an id outside the vocabulary.
+        ValueError: a tensor that is not 1-D or on the ``meta`` device, or an id outside the
+            vocabulary.
     """
     maximum = MAX_TOKEN_ID if vocab_size is None else vocab_size - 1
     note = None if vocab_size is None else f"vocab_size {vocab_size}"
+    if type(value) is list and all(type(t) is int for t in value) and (
+            not value or (min(value) >= 0 and max(value) <= maximum)):
+        return list(value)            # the common case, checked in C; anything else is named below
     kind = type(value)
     if kind.__module__.startswith("torch") and hasattr(value, "dim"):
         integer_tensor(name, value, ranks=(1,), layout="(T,)", minimum=0, maximum=maximum, note=note)
@@ -268,7 +272,8 @@ def integer_tensor(name: str, value: Any, *, ranks: tuple[int, ...] | None = Non
 
     Raises:
         ArgumentTypeError: not a tensor, or the wrong dtype.
-        ValueError: a rank not in ``ranks``, or an element outside [minimum, maximum].
+        ValueError: a rank not in ``ranks``, or an element outside [minimum, maximum]; a tensor
+            on the ``meta`` device (``materialized``).
     """
     import torch
 
@@ -280,6 +285,7 @@ def integer_tensor(name: str, value: Any, *, ranks: tuple[int, ...] | None = Non
 
     if not isinstance(value, torch.Tensor):
         raise ArgumentTypeError(f"{expected()}, got {_given(value)}")
+    materialized(name, value)
     bad_dtype = value.dtype != dtype if dtype is not None else (
         value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool)
     if bad_dtype:
@@ -294,6 +300,26 @@ def integer_tensor(name: str, value: Any, *, ranks: tuple[int, ...] | None = Non
         if (minimum is not None and low < minimum) or (maximum is not None and high > maximum):
             got = f"{low}" if low == high else f"values from {low} to {high}"
             raise ValueError(f"{name} must hold values{_range_text(minimum, maximum)}{_note(note)}, got {got}")
+    return value
+
+
+def materialized(name: str, value: Any, *, note: str | None = None):
+    """``value`` unchanged, unless it is a torch tensor on the ``meta`` device.
+
+    A meta tensor has a shape and a dtype but no storage: every check that reads its values
+    (``.item()``, ``int(t)``, ``bool(t.all())``, ``.tolist()``, ``.cpu()``) fails inside torch
+    with a message that names neither the argument nor the cause. Call this where a tensor
+    enters a public function, before the first reduction on it. Anything that is not a tensor
+    passes unchanged (the caller's type checks come before or after, as it needs).
+
+    Raises:
+        ValueError: a tensor on the meta device, e.g. "w must be a tensor with data, on the cpu
+            or cuda device, got one on the meta device (shape (8, 64), dtype torch.float32: ...)".
+    """
+    if getattr(value, "is_meta", False) and type(value).__module__.startswith("torch"):
+        raise ValueError(f"{name} must be a tensor with data, on the cpu or cuda device{_note(note)}, got one on "
+                         f"the meta device (shape {tuple(value.shape)}, dtype {value.dtype}: no values to check "
+                         f"or compute with)")
     return value
 
 

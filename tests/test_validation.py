@@ -203,6 +203,41 @@ def test_integer_tensor_skips_the_range_of_an_empty_tensor():
     assert v.integer_tensor("p", torch.zeros(0, dtype=torch.long), minimum=1).numel() == 0
 
 
+def test_token_ids_fast_path_gives_what_the_element_checks_give():
+    ids = list(range(100))
+    got = v.token_ids("ids", ids, vocab_size=100)
+    assert got == ids and got is not ids
+    with pytest.raises(ValueError, match=r"ids\[99\] must be an int in \[0, 98\] \(vocab_size 99\), got 99"):
+        v.token_ids("ids", ids, vocab_size=99)
+    with pytest.raises(ArgumentTypeError, match=r"ids\[1\] must be an int"):
+        v.token_ids("ids", [1, True])
+
+
+# -- meta tensors --------------------------------------------------------------------------
+def test_materialized_refuses_a_meta_tensor_naming_the_argument_and_the_device():
+    t = torch.zeros(3)
+    assert v.materialized("w", t) is t
+    assert v.materialized("w", [1, 2]) == [1, 2]           # not a tensor: the caller's type check decides
+    pattern = (r"w must be a tensor with data, on the cpu or cuda device, got one on the meta device "
+               r"\(shape \(8, 64\), dtype torch.float32")
+    with pytest.raises(ValueError, match=pattern):
+        v.materialized("w", torch.zeros(8, 64, device="meta"))
+    with pytest.raises(ValueError, match="meta device"):
+        v.materialized("p", torch.nn.Parameter(torch.zeros(2, device="meta")))
+
+
+@pytest.mark.parametrize("check", [
+    lambda t: v.integer_tensor("ids", t, minimum=0, maximum=9),
+    lambda t: v.integer_tensor("ids", t),
+    lambda t: v.token_ids("ids", t, vocab_size=10),
+])
+def test_integer_tensor_and_token_ids_refuse_meta_tensors_before_reading_them(check):
+    for shape in ((1,), (4,)):
+        with pytest.raises(ValueError, match="ids must be a tensor with data, on the cpu or cuda device, got one on "
+                                             "the meta device"):
+            check(torch.zeros(shape, dtype=torch.int64, device="meta"))
+
+
 # -- the library's modules use them ----------------------------------------------------------
 def test_roofline_hardware_and_gemv_use_the_shared_checks():
     from course_lib import roofline, speculative
