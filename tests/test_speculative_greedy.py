@@ -325,6 +325,90 @@ def test_a_draft_model_with_another_vocabulary_is_refused(target):
         generate_speculative(target, used, PROMPTS["short"], 4, 2)
 
 
+def test_a_model_draft_with_another_vocabulary_is_refused_before_anything_runs(target):
+    other = toy_decoder(1, vocab_size=256)
+    pattern = r"ModelDraft's model has vocab_size 256 but the target has 512"
+    draft = ModelDraft(other, other.new_cache(1, 64))
+    with pytest.raises(ValueError, match=pattern):
+        generate_speculative(target, draft, PROMPTS["short"], 4, 2)
+    tokens, cache = start(target, PROMPTS["short"])
+    with pytest.raises(ValueError, match=pattern):
+        speculative_step(target, draft, tokens, cache, 2)
+    assert cache.length == len(tokens) - 1 and draft.cache.length == 0
+
+
+@pytest.mark.parametrize("tokens, error, pattern", [
+    ("abcab", TypeError, "tokens must be a sequence of int token ids"),
+    ([1, 2.5, 1], TypeError, r"tokens\[1\] must be an int"),
+    ([1, -2, 1], ValueError, r"tokens\[1\] must be an int in \[0, "),
+    (torch.tensor([1.0, 2.0]), TypeError, "tokens must be an integer tensor"),
+])
+def test_prompt_lookup_refuses_tokens_that_are_not_int_ids(tokens, error, pattern):
+    with pytest.raises(error, match=pattern):
+        PromptLookupDraft().propose(tokens, 2)
+    with pytest.raises(TypeError, match="gamma must be an int"):
+        PromptLookupDraft().propose([1, 2, 1], 2.0)
+
+
+def test_prompt_lookup_takes_a_1d_integer_tensor_as_a_list():
+    tokens = [1, 2, 9, 1, 2, 8, 5, 1, 2]
+    assert PromptLookupDraft(max_ngram=2).propose(torch.tensor(tokens), 3) == [8, 5, 1]
+    assert PromptLookupDraft(max_ngram=2).propose(np.array(tokens), 3) == [8, 5, 1]
+
+
+def test_model_draft_checks_its_tokens_against_its_vocabulary(target):
+    draft = ModelDraft(target, target.new_cache(1, 64))
+    with pytest.raises(ValueError, match=r"tokens\[1\] must be an int in \[0, 511\] \(vocab_size 512\), got 600"):
+        draft.propose([1, 600], 2)
+    with pytest.raises(TypeError, match=r"tokens\[0\] must be an int"):
+        draft.propose([1.0, 2], 2)
+    with pytest.raises(ValueError, match="at least one committed token"):
+        draft.propose([], 2)
+    assert draft.cache.length == 0
+
+
+@pytest.mark.parametrize("proposals, error, pattern", [
+    ([7.9, 3], TypeError, r"draft ScriptedDraft.propose\(tokens, 3\)\[0\] must be an int .*got 7.9 of type float"),
+    ([7, "3"], TypeError, r"draft ScriptedDraft.propose\(tokens, 3\)\[1\] must be an int"),
+    (torch.tensor([7.0, 3.0]), TypeError, r"draft ScriptedDraft.propose\(tokens, 3\) must be an integer tensor"),
+    ([7, 512], ValueError, r"draft ScriptedDraft.propose\(tokens, 3\)\[1\] must be an int in \[0, 511\]"),
+])
+def test_proposals_a_draft_returns_are_checked_as_int_ids_naming_the_draft(target, proposals, error, pattern):
+    tokens, cache = start(target, PROMPTS["short"])
+    draft = ScriptedDraft([])
+    draft.propose = lambda tokens, gamma: proposals
+    with pytest.raises(error, match=pattern):
+        speculative_step(target, draft, tokens, cache, 3)
+    assert cache.length == len(tokens) - 1                 # the target never ran
+    assert draft.rollbacks == [len(tokens) - 1]            # the draft is back within the convention
+
+
+def test_a_draft_proposing_more_than_gamma_tokens_is_named(target):
+    tokens, cache = start(target, PROMPTS["short"])
+    draft = ScriptedDraft([])
+    draft.propose = lambda tokens, gamma: [1, 2, 3]
+    with pytest.raises(ValueError, match=r"draft ScriptedDraft.propose\(tokens, 2\) must return at most gamma = 2"):
+        speculative_step(target, draft, tokens, cache, 2)
+
+
+def test_integer_proposals_of_any_int_kind_are_verified_as_python_ints(target):
+    reference = speculative_step(target, ScriptedDraft([5, 6]), *start(target, PROMPTS["short"]), 2)
+    for kind in (np.array, torch.tensor, tuple):
+        draft = ScriptedDraft([])
+        draft.propose = lambda tokens, gamma, kind=kind: kind([5, 6])
+        step = speculative_step(target, draft, *start(target, PROMPTS["short"]), 2)
+        assert step == reference and all(type(t) is int for t in step.emitted)
+
+
+def test_speculative_step_refuses_committed_tokens_that_are_not_ids(target):
+    tokens, cache = start(target, PROMPTS["short"])
+    with pytest.raises(TypeError, match=r"tokens\[2\] must be an int"):
+        speculative_step(target, PromptLookupDraft(), [*tokens[:2], 3.0, *tokens[3:]], cache, 2)
+    with pytest.raises(ValueError, match=r"tokens\[0\] must be an int in \[0, 511\]"):
+        speculative_step(target, PromptLookupDraft(), [512, *tokens[1:]], cache, 2)
+    assert cache.length == len(tokens) - 1
+
+
 # -- the analytic model -----------------------------------------------------------------------
 def test_break_even_alpha_matches_a_fine_grid():
     alpha = np.linspace(0.0, 1.0, 1_000_001)[:-1]                    # alpha = 1 is the limit gamma + 1

@@ -27,7 +27,7 @@ from torch import nn
 
 from ..cache.contiguous import KVCache
 from ..models.decoder import Decoder
-from ..validation import ArgumentTypeError, instance, integer, nonnegative_integer, positive_integer
+from ..validation import ArgumentTypeError, instance, integer, nonnegative_integer, positive_integer, token_ids
 
 __all__ = ["Draft", "ModelDraft", "PromptLookupDraft", "truncated_draft", "check_same_vocabulary", "noisy_copy"]
 
@@ -85,19 +85,25 @@ class ModelDraft:
         d_{gamma-1} -> d_gamma. The cache ends holding L + gamma - 1 slots (d_gamma is never fed).
 
         Args:
-            tokens: the committed sequence, a list of L >= 1 int ids.
+            tokens: the committed sequence, L >= 1 int ids in the draft model's vocabulary (a
+                list, or a 1-D integer tensor).
             gamma: an int >= 0 (0 proposes nothing and feeds nothing).
 
         Returns:
             a list of ``gamma`` int token ids.
 
         Raises:
-            ValueError: ``cache.length > L - 1`` (the convention's invariant: roll back after a
+            ArgumentTypeError: gamma not an int; tokens not a sequence of ints (``token_ids``).
+            ValueError: gamma < 0; an empty ``tokens`` or an id outside the draft's vocabulary;
+                ``cache.length > L - 1`` (the convention's invariant: roll back after a
                 rejection), or positions L + gamma - 2 past the model's max_seq_len or
                 L + gamma - 1 slots past cache.max_len (checked before anything is fed).
         """
         gamma = nonnegative_integer("gamma", gamma)
+        tokens = token_ids("tokens", tokens, vocab_size=self.model.config.vocab_size)
         L = len(tokens)
+        if L == 0:
+            raise ValueError("tokens must hold at least one committed token (the prompt), got none")
         start = self.cache.length
         if gamma == 0:
             return []
@@ -152,14 +158,19 @@ class PromptLookupDraft:
         """Up to ``gamma`` tokens that followed the most recent earlier match of the last n-gram.
 
         Args:
-            tokens: the committed sequence, a list of int ids. gamma: an int >= 0.
+            tokens: the committed sequence, int ids >= 0 (a list, or a 1-D integer tensor).
+            gamma: an int >= 0.
 
         Returns:
             a list of 0 .. gamma int token ids.
 
-        Raises: ArgumentTypeError / ValueError for a gamma that is not an int >= 0.
+        Raises:
+            ArgumentTypeError: gamma not an int; tokens not a sequence of ints (a str, floats, a
+                float tensor: ``token_ids``).
+            ValueError: gamma < 0; a negative id; a tensor that is not 1-D or is on the meta device.
         """
         gamma = nonnegative_integer("gamma", gamma)
+        tokens = token_ids("tokens", tokens)
         L = len(tokens)
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if n >= L:                                     # no room for an earlier occurrence

@@ -37,7 +37,7 @@ import torch
 from ..cache.contiguous import KVCache
 from ..divergence import top2_gap
 from ..models.decoder import Decoder, generation_inputs
-from ..validation import ArgumentTypeError, instance, positive_integer
+from ..validation import ArgumentTypeError, instance, positive_integer, token_ids
 from .drafts import Draft, ModelDraft
 
 __all__ = ["StepResult", "SpeculativeStats", "speculative_step", "generate_speculative"]
@@ -122,6 +122,27 @@ def _verify(target: Decoder, draft: Draft, tokens: list[int], target_cache: KVCa
     return StepResult(emitted, len(proposals), k, gap, at)
 
 
+def _check_draft_vocabulary(target: Decoder, draft) -> None:
+    """A draft model (a ``Decoder``, or the model of a ``ModelDraft``) must share the target's
+    vocabulary size: its token ids go to the target and the target's to it."""
+    model = draft.model if isinstance(draft, ModelDraft) else draft if isinstance(draft, Decoder) else None
+    if model is not None and model.config.vocab_size != target.config.vocab_size:
+        what = "ModelDraft's model" if isinstance(draft, ModelDraft) else "draft Decoder"
+        raise ValueError(f"the {what} has vocab_size {model.config.vocab_size} but the target has "
+                         f"{target.config.vocab_size}: its token ids would not mean the same tokens (the draft "
+                         f"must use the target's vocabulary; check_same_vocabulary compares two tokenizers)")
+
+
+def _checked_proposals(draft: Draft, proposals, gamma: int, vocab_size: int) -> list[int]:
+    """What a draft's ``propose`` returned (user code: checked before the target runs): at most
+    ``gamma`` int ids in the target's vocabulary, as a list of Python ints."""
+    name = f"draft {type(draft).__qualname__}.propose(tokens, {gamma})"
+    proposals = token_ids(name, proposals, vocab_size=vocab_size)
+    if len(proposals) > gamma:
+        raise ValueError(f"{name} must return at most gamma = {gamma} tokens, got {len(proposals)}")
+    return proposals
+
+
 def speculative_step(target: Decoder, draft: Draft, tokens: list[int], target_cache: KVCache,
                      gamma: int) -> StepResult:
     """One iteration of greedy speculative decoding under the cache convention (module docstring).
@@ -132,8 +153,8 @@ def speculative_step(target: Decoder, draft: Draft, tokens: list[int], target_ca
     Args:
         target: the target ``Decoder``.
         draft: a ``Draft`` (``ModelDraft``, ``PromptLookupDraft``, ...).
-        tokens: the committed sequence, a list of L >= 1 int ids; not modified (extend it with
-            the result's ``emitted``).
+        tokens: the committed sequence, a list of L >= 1 int ids in the target's vocabulary;
+            not modified (extend it with the result's ``emitted``).
         target_cache: the target's ``KVCache`` (batch 1) holding tokens[:L - 1].
         gamma: tokens to draft, an int >= 1.
 
@@ -143,17 +164,25 @@ def speculative_step(target: Decoder, draft: Draft, tokens: list[int], target_ca
 
     Raises:
         ArgumentTypeError: target not a Decoder, draft without propose/rollback, tokens not a
-            list, target_cache not a KVCache, gamma not an int.
-        ValueError: gamma < 1; an empty ``tokens``; target_cache.length != L - 1 (the
-            invariant); positions L - 1 .. L + gamma - 1 past the target's max_seq_len or slots
-            past target_cache.max_len (all checked before anything runs); a draft proposing
-            more than gamma tokens; ids outside the vocabulary (from ``Decoder.forward``).
+            list of ints, target_cache not a KVCache, gamma not an int; proposals the draft
+            returns that are not ints (a float, a str, a float tensor: the error names the
+            draft's class).
+        ValueError: gamma < 1; an empty ``tokens`` or an id outside the target's vocabulary; a
+            ``ModelDraft`` whose model has another vocab_size than the target; target_cache.length
+            != L - 1 (the invariant); positions L - 1 .. L + gamma - 1 past the target's
+            max_seq_len or slots past target_cache.max_len (all checked before anything runs); a
+            draft proposing more than gamma tokens or ids outside the target's vocabulary
+            (checked before the target runs; the draft is rolled back to L - 1 first, the
+            target cache is untouched).
     """
     instance("target", target, Decoder)
     instance("draft", draft, Draft, note="an object with propose(tokens, gamma) and rollback(length)")
     instance("tokens", tokens, list)
     instance("target_cache", target_cache, KVCache)
     gamma = positive_integer("gamma", gamma)
+    V = target.config.vocab_size
+    tokens = token_ids("tokens", tokens, vocab_size=V)
+    _check_draft_vocabulary(target, draft)
     L = len(tokens)
     if L == 0:
         raise ValueError("tokens must hold at least one committed token (the prompt), got an empty list")
@@ -166,9 +195,12 @@ def speculative_step(target: Decoder, draft: Draft, tokens: list[int], target_ca
         raise ValueError(f"a step with gamma={gamma} after {L} tokens feeds the target positions {L - 1} .. "
                          f"{L + gamma - 1}, past max_seq_len {target.config.max_seq_len} or the cache's "
                          f"max_len {target_cache.max_len}; use a smaller gamma near the end")
-    proposals = list(draft.propose(tokens, gamma))                    # step 1
-    if len(proposals) > gamma:
-        raise ValueError(f"the draft proposed {len(proposals)} tokens for gamma={gamma}")
+    proposed = draft.propose(tokens, gamma)                                         # step 1
+    try:
+        proposals = _checked_proposals(draft, proposed, gamma, V)
+    except ValueError:          # ArgumentTypeError too: the step did not happen, keep the convention
+        draft.rollback(L - 1)
+        raise
     return _verify(target, draft, tokens, target_cache, proposals)     # steps 2-4
 
 
@@ -186,7 +218,8 @@ def generate_speculative(target: Decoder, draft: Draft | Decoder, prompt: torch.
     Args:
         target: the target ``Decoder``.
         draft: a ``Draft``, or a ``Decoder`` with the target's vocab_size (wrapped in a
-            ``ModelDraft`` with a new cache). A ``ModelDraft`` must come with an empty cache.
+            ``ModelDraft`` with a new cache). A ``ModelDraft`` must come with an empty cache and
+            a model of the target's vocab_size.
         prompt: (T0,) or (1, T0) int64 ids, T0 >= 1, on the target's device.
         max_new_tokens: an int in [0, max_seq_len - T0 + 1].
         gamma: tokens drafted per iteration, an int >= 1.
@@ -196,17 +229,17 @@ def generate_speculative(target: Decoder, draft: Draft | Decoder, prompt: torch.
 
     Raises:
         ArgumentTypeError: as ``generate_cached``; a draft that is neither a Draft nor a Decoder.
-        ValueError: as ``generate_cached``; gamma < 1; a draft Decoder of another vocab_size; a
-            ModelDraft whose cache is not empty; a draft model whose max_seq_len is too short.
+        ValueError: as ``generate_cached``; gamma < 1; a draft Decoder, or a ModelDraft's model,
+            of another vocab_size (checked before anything runs); a ModelDraft whose cache is not
+            empty; a draft model whose max_seq_len is too short; as ``speculative_step`` for
+            what the draft proposes.
     """
     ids, n = generation_inputs(target, prompt, max_new_tokens)
     gamma = positive_integer("gamma", gamma)
     tokens = ids[0].tolist()
     T0 = len(tokens)
+    _check_draft_vocabulary(target, draft)
     if isinstance(draft, Decoder):
-        if draft.config.vocab_size != target.config.vocab_size:
-            raise ValueError(f"the draft's vocab_size {draft.config.vocab_size} is not the target's "
-                             f"{target.config.vocab_size}: its token ids would not mean the same tokens")
         draft = ModelDraft(draft, draft.new_cache(1, min(max(T0 + n - 1, 1), draft.config.max_seq_len)))
     elif not isinstance(draft, Draft):
         raise ArgumentTypeError(f"draft must be a Draft (propose, rollback) or a Decoder, "
