@@ -83,6 +83,49 @@ def test_refusals():
         dequantize_ggml(np.zeros(18, dtype=np.uint8), "Q4_1", (1, 32))
 
 
+def test_dequantize_takes_bytes_bytearray_and_memoryview():
+    w = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    for quantize, kind in ((quantize_q4_0, "Q4_0"), (quantize_q4_1, "Q4_1"), (quantize_q8_0, "Q8_0")):
+        raw = quantize(w)
+        expected = dequantize_ggml(raw, kind, (2, 64))
+        for data in (raw.tobytes(), bytearray(raw.tobytes()), memoryview(raw.tobytes()), memoryview(raw),
+                     torch.from_numpy(raw), raw.reshape(-1)):
+            assert torch.equal(dequantize_ggml(data, kind, (2, 64)), expected), (kind, type(data))
+    floats = np.arange(6, dtype=np.float32)
+    assert dequantize_ggml(floats.tobytes(), "F32", (2, 3)).tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert dequantize_ggml(memoryview(floats), "F32", [6]).tolist() == [0, 1, 2, 3, 4, 5]  # its raw bytes
+    assert dequantize_ggml(floats.astype(np.float16).tobytes(), "F16", torch.Size([3, 2])).shape == (3, 2)
+    with pytest.raises(ValueError, match="contiguous"):
+        dequantize_ggml(memoryview(floats.tobytes())[::2], "F16", (6,))
+    with pytest.raises(TypeError, match="data must be"):
+        dequantize_ggml(list(floats.tobytes()), "F32", (6,))
+
+
+@pytest.mark.parametrize("shape, error, pattern", [
+    ((2.9, 64), TypeError, r"shape\[0\] must be an int >= 0, got 2.9 of type float"),
+    ((2, 64.0), TypeError, r"shape\[1\] must be an int"),
+    ("64", TypeError, r"shape must be a tuple of ints, e.g. \(rows, n \* 32\), got '64' of type str"),
+    (128, TypeError, "shape must be a tuple of ints"),
+    (None, TypeError, "shape must be a tuple of ints"),
+    (torch.tensor([2, 64]), TypeError, "shape must be a tuple of ints"),
+    ((4, -32), ValueError, r"shape\[1\] must be an int >= 0, got -32"),
+])
+def test_dequantize_refuses_a_shape_that_is_not_a_tuple_of_ints(shape, error, pattern):
+    raw = quantize_q4_1(np.ones((2, 64), dtype=np.float32))
+    with pytest.raises(error, match=pattern):
+        dequantize_ggml(raw, "Q4_1", shape)
+    assert dequantize_ggml(raw, "Q4_1", (np.int64(2), 64)).shape == (2, 64)      # numpy ints are ints
+
+
+def test_ggml_blocks_refuse_meta_tensors():
+    meta = "must be a tensor with data, on the cpu or cuda device, got one on the meta device"
+    with pytest.raises(ValueError, match="data " + meta):
+        dequantize_ggml(torch.zeros(36, dtype=torch.uint8, device="meta"), "Q4_0", (1, 64))
+    for quantize in (quantize_q4_0, quantize_q4_1, quantize_q8_0):
+        with pytest.raises(ValueError, match="w " + meta):
+            quantize(torch.zeros(1, 32, device="meta"))
+
+
 def test_where_gguf_differs_from_the_lab():
     """The same 32 weights through GGUF's blocks and the lab's int4 g32 (both stated, both tested)."""
     # Q4_1 keeps a float minimum; the lab's asymmetric scheme widens the range to contain 0.

@@ -65,6 +65,51 @@ def test_gptq_refuses_a_hessian_that_is_not_positive_definite():
 
 
 # -- the algorithm -------------------------------------------------------------------------------
+def test_gptq_refuses_a_hessian_that_is_not_symmetric():
+    x, w = correlated(n_rows=64, n_in=12, n_out=4, seed=0)
+    scheme = QuantScheme(4, "channel", None)
+    h = hessian(x)
+    lopsided = h.clone()
+    lopsided[7, 2] += 0.01 * float(h.abs().max())         # one triangle differs: Cholesky would ignore it
+    with pytest.raises(ValueError, match=r"H must be symmetric .*got H\[2, 7\] = .* but H\[7, 2\]"):
+        gptq_quantize(w, lopsided, scheme)
+    with pytest.raises(ValueError, match=r"H must be symmetric"):
+        gptq_quantize(w, torch.triu(h), scheme)
+    with pytest.raises(ValueError, match=r"gram must be symmetric"):
+        damp_hessian(torch.triu(x.T @ x / 64), damp=0)
+    # rounding-level asymmetry (X^T X computed in float32, H in float16) is accepted, as it was
+    ours = gptq_quantize(w, h, scheme).weight
+    noisy = h + 1e-7 * float(h.abs().max()) * torch.randn(12, 12, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(gptq_quantize(w, noisy, scheme).weight, ours, atol=1e-2)
+    gptq_quantize(w, (x.T @ x / 64 + 0.01 * torch.eye(12)).float(), scheme)
+    gptq_quantize(w, h.half(), scheme)
+
+
+@pytest.mark.parametrize("bad, pattern", [
+    (lambda h: h[:, :-1], r"H must be \(12, 12\)"),
+    (lambda h: h[None], r"H must be \(12, 12\)"),
+    (lambda h: h.index_put((torch.tensor([3]), torch.tensor([3])), torch.tensor(float("nan"))), "H must hold finite"),
+    (lambda h: h.index_put((torch.tensor([0]), torch.tensor([5])), torch.tensor(float("inf"))), "H must hold finite"),
+    (lambda h: h.to("meta"), "H must be a tensor with data, on the cpu or cuda device, got one on the meta device"),
+    (lambda h: h.long(), "H must be a floating-point tensor"),
+])
+def test_gptq_names_what_is_wrong_with_the_hessian(bad, pattern):
+    x, w = correlated(n_rows=64, n_in=12, n_out=4, seed=0)
+    with pytest.raises((ValueError, TypeError), match=pattern):
+        gptq_quantize(w, bad(hessian(x)), QuantScheme(4, "channel", None))
+
+
+def test_gptq_and_the_hessians_refuse_meta_tensors():
+    x, w = correlated(n_rows=64, n_in=12, n_out=4, seed=0)
+    meta = "must be a tensor with data, on the cpu or cuda device, got one on the meta device"
+    with pytest.raises(ValueError, match="w " + meta):
+        gptq_quantize(w.to("meta"), hessian(x), QuantScheme(4, "channel", None))
+    with pytest.raises(ValueError, match="x " + meta):
+        hessian(x.to("meta"))
+    with pytest.raises(ValueError, match="gram " + meta):
+        damp_hessian((x.T @ x).to("meta"))
+
+
 def naive_gptq(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, order: torch.Tensor) -> torch.Tensor:
     """Optimal Brain Quantization one column at a time with an explicit inverse of H restricted to
     the columns left (no Cholesky, no blocks), float64; grid scales from formats.quantize on the

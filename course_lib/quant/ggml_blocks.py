@@ -43,11 +43,12 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterable
 
 import numpy as np
 import torch
 
-from ..validation import ArgumentTypeError, instance, one_of
+from ..validation import ArgumentTypeError, instance, materialized, nonnegative_integer, one_of
 from .packing import pack_int4, unpack_int4
 
 __all__ = ["GGML_BLOCK", "GGML_BLOCK_BYTES", "quantize_q4_0", "quantize_q4_1", "quantize_q8_0",
@@ -67,6 +68,7 @@ def _blocks(w, name: str = "w") -> tuple[torch.Tensor, tuple[int, int]]:
             raise ArgumentTypeError(f"{name} must be a floating-point array, got dtype {w.dtype}")
         w = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
     instance(name, w, (torch.Tensor, np.ndarray))
+    materialized(name, w)
     if not w.dtype.is_floating_point:
         raise ArgumentTypeError(f"{name} must be a floating-point tensor, got dtype {w.dtype}")
     if w.dim() != 2 or w.shape[1] == 0 or w.shape[1] % GGML_BLOCK:
@@ -108,7 +110,7 @@ def quantize_q4_0(w) -> np.ndarray:
 
     Raises:
         ArgumentTypeError: not a float array/tensor. ValueError: not 2-D, a row length that is not a
-        multiple of 32, a non-finite value.
+        multiple of 32, a non-finite value, a tensor on the meta device.
     """
     x, shape = _blocks(w)
     index = x.abs().argmax(dim=-1, keepdim=True)   # first maximum on ties, as numpy's argmax
@@ -169,38 +171,61 @@ def _kind(kind) -> str:
     return one_of("kind", kind, [*GGML_BLOCK_BYTES, *_FLOAT_KINDS])
 
 
+def _shape(shape) -> tuple[int, ...]:
+    """A weight's shape as a tuple of Python ints >= 0 (a tuple, list or torch.Size of ints)."""
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable) or isinstance(shape, torch.Tensor):
+        raise ArgumentTypeError(f"shape must be a tuple of ints, e.g. (rows, n * {GGML_BLOCK}), got {shape!r} "
+                                f"of type {type(shape).__qualname__}")
+    return tuple(nonnegative_integer(f"shape[{i}]", s) for i, s in enumerate(shape))
+
+
+def _raw_bytes(data) -> np.ndarray:
+    """``data`` as a flat numpy uint8 array: a uint8 tensor or array, or bytes/bytearray/memoryview."""
+    if isinstance(data, torch.Tensor):
+        materialized("data", data)
+        if data.dtype != torch.uint8:
+            raise ArgumentTypeError(f"data must hold uint8 bytes, got dtype {data.dtype}")
+        return data.detach().cpu().contiguous().numpy().reshape(-1)
+    instance("data", data, (np.ndarray, bytes, bytearray, memoryview))
+    if isinstance(data, np.ndarray):
+        if data.dtype != np.uint8:
+            raise ArgumentTypeError(f"data must hold uint8 bytes, got dtype {data.dtype}")
+        return np.ascontiguousarray(data).reshape(-1)
+    try:                                                   # bytes, bytearray, memoryview: the raw buffer
+        return np.frombuffer(data, dtype=np.uint8)
+    except (BufferError, ValueError) as error:
+        raise ValueError(f"data must be a contiguous buffer of bytes, got a {type(data).__qualname__} numpy cannot "
+                         f"read as uint8 ({error}); pass bytes(data)") from None
+
+
 def dequantize_ggml(data, kind: str, shape) -> torch.Tensor:
     """The float32 weights of GGUF blocks, as ``gguf.quants.dequantize`` computes them.
 
     Args:
-        data: uint8 bytes, numpy or torch, of any shape holding ``rows * n`` blocks in row order
-            (``quantize_q4_0`` output, or the raw data of ``read_gguf_tensor``).
+        data: the bytes holding ``rows * n`` blocks in row order (``quantize_q4_0`` output, or the
+            raw data of ``read_gguf_tensor``): a uint8 numpy array or torch tensor of any shape,
+            or ``bytes``/``bytearray``/``memoryview`` (a memoryview's raw buffer, whatever its
+            format; it must be contiguous).
         kind: ``"Q4_0"``, ``"Q4_1"`` or ``"Q8_0"`` (also ``"F32"``/``"F16"``: plain little-endian
             floats, for the unquantised tensors of a GGUF file).
-        shape: the weight's shape (rows, n * 32) (or any shape for F32/F16).
+        shape: the weight's shape (rows, n * 32) (or any shape for F32/F16): a tuple (or list,
+            or torch.Size) of ints >= 0.
 
     Returns:
         torch float32 of ``shape``: Q4_0 ``d * (q - 8)``, Q4_1 ``d * q + m``, Q8_0 ``d * q``
         with the fp16 ``d`` and ``m`` of each block, in float32.
 
     Raises:
-        ArgumentTypeError: data not uint8, kind not a str. ValueError: an unknown kind, a byte
-        count that does not match the shape, a row length that is not a multiple of 32.
+        ArgumentTypeError: data neither uint8 nor a bytes-like object; kind not a str; shape not
+            a tuple of ints (a str such as ``"64"``, an int, a float such as ``2.9`` in it).
+        ValueError: an unknown kind; a negative dimension; a byte count that does not match
+            the shape; a row length that is not a multiple of 32; a non-contiguous memoryview;
+            a tensor on the meta device.
     """
     kind = _kind(kind)
-    if isinstance(data, torch.Tensor):
-        if data.dtype != torch.uint8:
-            raise ArgumentTypeError(f"data must hold uint8 bytes, got dtype {data.dtype}")
-        raw = data.detach().cpu().contiguous().numpy()
-    else:
-        raw = np.asarray(instance("data", data, (np.ndarray, bytes, bytearray, memoryview)))
-        if raw.dtype != np.uint8:
-            raw = raw.view(np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) else raw
-            if raw.dtype != np.uint8:
-                raise ArgumentTypeError(f"data must hold uint8 bytes, got dtype {raw.dtype}")
-    shape = tuple(int(s) for s in shape)
+    raw = _raw_bytes(data)
+    shape = _shape(shape)
     numel = int(np.prod(shape, dtype=np.int64))
-    raw = np.ascontiguousarray(raw).reshape(-1)
     if kind in _FLOAT_KINDS:
         dtype = np.float32 if kind == "F32" else np.float16
         width = np.dtype(dtype).itemsize

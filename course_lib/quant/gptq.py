@@ -30,12 +30,34 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ..validation import ArgumentTypeError, boolean, instance, number, positive_integer
+from ..validation import ArgumentTypeError, boolean, instance, materialized, number, positive_integer
 from .formats import QuantizedTensor, QuantScheme, grid_codes, grid_values, quantize
 from .outliers import observe_linear_inputs, run_windows
 from .layers import select_linear_layers
 
-__all__ = ["hessian", "damp_hessian", "collect_hessians", "GPTQResult", "gptq_quantize"]
+__all__ = ["hessian", "damp_hessian", "collect_hessians", "GPTQResult", "gptq_quantize", "SYMMETRY_TOLERANCE"]
+
+#: How far from symmetric a Hessian (or a gram matrix) may be: max |H - H^T| <= tolerance * max |H|,
+#: with tolerance the larger of this and 8 machine epsilons of H's dtype (float32: 1e-5; float16:
+#: 7.8e-3; bfloat16: 6.3e-2), so the rounding of a matrix computed as X^T X in that dtype passes
+#: and a matrix whose two triangles differ (one of them is all that a Cholesky factorisation
+#: reads) does not.
+SYMMETRY_TOLERANCE = 1e-5
+
+
+def _check_symmetric(name: str, m64: torch.Tensor, dtype: torch.dtype) -> None:
+    """ValueError naming the most asymmetric pair of a finite square float64 matrix ``m64`` (whose
+    original dtype was ``dtype``) when it is not symmetric within SYMMETRY_TOLERANCE (above)."""
+    relative = max(SYMMETRY_TOLERANCE, 8 * torch.finfo(dtype).eps)
+    asymmetry = (m64 - m64.T).abs()
+    worst = float(asymmetry.max())
+    allowed = relative * float(m64.abs().max())
+    if worst > allowed:
+        i, j = divmod(int(asymmetry.argmax()), m64.shape[1])
+        raise ValueError(f"{name} must be symmetric (max |{name} - {name}^T| <= {relative:.2g} * max |{name}| = "
+                         f"{allowed:.3g}), got {name}[{i}, {j}] = {float(m64[i, j]):.6g} but {name}[{j}, {i}] = "
+                         f"{float(m64[j, i]):.6g}: a Cholesky factorisation reads one triangle only, so the other "
+                         f"would be ignored; symmetrise it ((H + H.T) / 2) if the difference is rounding")
 
 
 def damp_hessian(gram: torch.Tensor, damp: float = 0.01) -> torch.Tensor:
@@ -50,10 +72,12 @@ def damp_hessian(gram: torch.Tensor, damp: float = 0.01) -> torch.Tensor:
 
     Raises:
         ArgumentTypeError: gram not a floating tensor; damp not a number.
-        ValueError: gram not square or not finite; damp < 0; damp = 0 while gram is rank-deficient
-            (the message names the rank), or a gram of zeros (nothing to damp against).
+        ValueError: gram not square, not finite, not symmetric (``SYMMETRY_TOLERANCE``) or on the
+            meta device; damp < 0; damp = 0 while gram is rank-deficient (the message names the
+            rank), or a gram of zeros (nothing to damp against).
     """
     instance("gram", gram, torch.Tensor)
+    materialized("gram", gram)
     if not gram.dtype.is_floating_point:
         raise ArgumentTypeError(f"gram must be a floating-point tensor, got dtype {gram.dtype}")
     if gram.dim() != 2 or gram.shape[0] != gram.shape[1] or gram.shape[0] == 0:
@@ -62,6 +86,7 @@ def damp_hessian(gram: torch.Tensor, damp: float = 0.01) -> torch.Tensor:
     g = gram.detach().to(torch.float64)
     if not bool(torch.isfinite(g).all()):
         raise ValueError("gram must hold finite values")
+    _check_symmetric("gram", g, gram.dtype)
     n = g.shape[0]
     mean_diag = float(g.diagonal().mean())
     if mean_diag <= 0:
@@ -89,10 +114,11 @@ def hessian(x: torch.Tensor, damp: float = 0.01) -> torch.Tensor:
 
     Raises:
         ArgumentTypeError: x not a floating tensor; damp not a number.
-        ValueError: x not 2-D, empty or non-finite; damp < 0; damp = 0 with a rank-deficient
-            X^T X (e.g. N < in; the message names the rank); x all zero.
+        ValueError: x not 2-D, empty, non-finite or on the meta device; damp < 0; damp = 0 with a
+            rank-deficient X^T X (e.g. N < in; the message names the rank); x all zero.
     """
     instance("x", x, torch.Tensor)
+    materialized("x", x)
     if not x.dtype.is_floating_point:
         raise ArgumentTypeError(f"x must be a floating-point tensor (N, in), got dtype {x.dtype}")
     if x.dim() != 2 or x.shape[0] == 0 or x.shape[1] == 0:
@@ -218,7 +244,9 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: QuantScheme, act_ord
 
     Args:
         w: (out, in) floating weight (computed in float32), finite.
-        H: (in, in) symmetric positive definite Hessian (``hessian``/``collect_hessians``, damped).
+        H: (in, in) symmetric positive definite Hessian (``hessian``/``collect_hessians``, damped),
+            finite; symmetric within ``SYMMETRY_TOLERANCE`` relative to max |H| (1e-5 for
+            float32; looser for 16-bit dtypes, see its comment).
         scheme: the grid (``QuantScheme``); a group size must divide in.
         act_order: quantise columns by descending diag(H) (the perm is returned).
         block_size: columns per lazy-update block, an int >= 1 (the result does not depend on
@@ -230,8 +258,10 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: QuantScheme, act_ord
     Raises:
         ArgumentTypeError: w or H not floating tensors; scheme not a QuantScheme; act_order not
             a bool; block_size not an int.
-        ValueError: shapes that do not fit; non-finite values; a group size that does not divide
-            in; H not positive definite (the message names the failed Cholesky factorisation).
+        ValueError: shapes that do not fit (H not (in, in)); non-finite values (naming w or H);
+            w or H on the meta device; H not symmetric (the message names the most asymmetric
+            pair); a group size that does not divide in; H not positive definite (the message
+            names the failed Cholesky factorisation).
     """
     instance("scheme", scheme, QuantScheme)
     boolean("act_order", act_order)
@@ -239,6 +269,7 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: QuantScheme, act_ord
     instance("w", w, torch.Tensor)
     instance("H", H, torch.Tensor)
     for name, t in (("w", w), ("H", H)):
+        materialized(name, t)
         if not t.dtype.is_floating_point:
             raise ArgumentTypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
     if w.dim() != 2 or w.numel() == 0:
@@ -249,8 +280,12 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: QuantScheme, act_ord
                          f"got shape {tuple(H.shape)}")
     n_groups = scheme.n_groups(in_features)           # refuses a group size that does not divide
     W = w.detach().to(torch.float32).clone()
-    if not bool(torch.isfinite(W).all()) or not bool(torch.isfinite(H).all()):
-        raise ValueError("w and H must hold finite values")
+    if not bool(torch.isfinite(W).all()):
+        raise ValueError("w must hold finite float32 values")
+    H64 = H.detach().to(torch.float64)
+    if not bool(torch.isfinite(H64).all()):
+        raise ValueError("H must hold finite values")
+    _check_symmetric("H", H64, H.dtype)
     Hm = H.detach().to(torch.float32)
     perm = None
     if act_order:
