@@ -29,7 +29,7 @@ from .models.config import weight_bytes
 from .models.decoder import Decoder, left_pad, positions_from_mask
 from .roofline import MeasuredRoof, kv_bytes_per_sequence, step_time_bound
 from .timing import timed
-from .validation import instance, integer, positive_integer
+from .validation import instance, integer, materialized, positive_integer
 
 __all__ = ["DivergenceReport", "REPORT_KEYS", "divergence_report", "batch_sweep", "invariant_cost", "main"]
 
@@ -64,6 +64,8 @@ REPORT_KEYS = tuple(f.name for f in fields(DivergenceReport))
 def _tokens_and_logits(name: str, tokens, logits) -> tuple[list[int], torch.Tensor]:
     instance(f"{name}_tokens", tokens, torch.Tensor)
     instance(f"{name}_logits", logits, torch.Tensor)
+    materialized(f"{name}_tokens", tokens)
+    materialized(f"{name}_logits", logits)
     if tokens.dim() != 1 or tokens.dtype != torch.int64 or tokens.numel() == 0:
         raise ValueError(f"{name}_tokens must be a non-empty (n,) int64 tensor, got {tuple(tokens.shape)} {tokens.dtype}")
     if logits.dim() != 2 or logits.shape[0] != tokens.numel() or not logits.dtype.is_floating_point:
@@ -84,8 +86,8 @@ def divergence_report(solo_tokens: torch.Tensor, batch_tokens: torch.Tensor, sol
         A :class:`DivergenceReport`; logits are compared on steps 0 .. compared_steps - 1 only.
 
     Raises:
-        ArgumentTypeError: a non-tensor. ValueError: shapes or dtypes that do not fit, or runs of
-        different lengths or vocabularies.
+        ArgumentTypeError: a non-tensor. ValueError: shapes or dtypes that do not fit, runs of
+        different lengths or vocabularies, or a tensor on the meta device.
     """
     a, la = _tokens_and_logits("solo", solo_tokens, solo_logits)
     b, lb = _tokens_and_logits("batch", batch_tokens, batch_logits)

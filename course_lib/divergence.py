@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from .validation import ArgumentTypeError, instance
+from .validation import ArgumentTypeError, instance, materialized
 
 __all__ = ["first_divergence", "top2_gap"]
 
@@ -32,7 +32,10 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 
     Raises:
         TypeError: an argument without ``len`` or iteration (as ``len`` and ``zip`` raise it).
+        ValueError: a tensor on the meta device (no values to compare).
     """
+    materialized("a", a)
+    materialized("b", b)
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             return i

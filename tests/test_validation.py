@@ -272,3 +272,122 @@ def test_no_private_validators_are_left_in_the_migrated_modules():
                           (hardware, ("_positive",)), (gemv_module, ("_check_block",)),
                           (paged, ("_is_int", "_token_list"))):
         assert not [n for n in names if hasattr(module, n)], module.__name__
+
+
+# -- meta tensors reaching the library's entry points ----------------------------------------
+def _meta_cases():
+    """(label, call, the argument the error must name): each call hands one public entry point a
+    tensor on the meta device where a real one belongs (found by calling every public entry point of
+    quant, speculative, batching, models, cache and engine so)."""
+    from course_lib import batching, divergence
+    from course_lib.cache.paged import PagedKVCache, BlockPool, compute_block_hash
+    from course_lib.engine import Engine
+    from course_lib.models.decoder import (check_attention_mask, generate_batch, generate_cached, left_pad,
+                                           toy_decoder, Decoder)
+    from course_lib.models.rope import rope_cos_sin
+    from course_lib.quant import (PackedInt4, QuantScheme, damp_hessian, dequantize_ggml, fake_quantize,
+                                  fake_quantize_activation, gptq_quantize, hessian, outlier_table, pack_int4,
+                                  pack_weight, quantize, quantize_q8_0, smoothing_scales, token_windows, unpack_int4)
+    from course_lib.quant.perplexity import window_nll
+    from course_lib.speculative import (MarkovLM, ModelDraft, PromptLookupDraft, accept_or_resample, chi_square_test,
+                                        generate_speculative, noisy_copy, sample_categorical, sampling_probs,
+                                        speculative_step, total_variation, verify_block)
+
+    def M(t):
+        return t.to("meta")
+
+    model = toy_decoder(0)
+    w = torch.randn(8, 64)
+    p = torch.full((2, 4), 0.25, dtype=torch.float64)
+    pk = pack_weight(torch.randn(4, 64), 32, symmetric=False, scale_dtype="fp32")
+    ids = torch.tensor([[1, 2, 3]])
+    tokens = torch.tensor([1, 2, 3])
+    mlm = MarkovLM.random(4)
+    scheme = QuantScheme(4, "group", 32)
+
+    class MetaDraft:
+        def propose(self, tokens, gamma):
+            return M(torch.tensor([1]))
+
+        def rollback(self, length):
+            pass
+
+    def step_with(draft):
+        cache = model.new_cache(1, 16)
+        model.prefill(ids[:, :2], cache)
+        return speculative_step(model, draft, [1, 2, 3], cache, 2)
+
+    meta_model = toy_decoder(0).to("meta")
+    return [
+        ("quantize", lambda: quantize(M(w), scheme), "w"),
+        ("fake_quantize", lambda: fake_quantize(M(w), scheme), "w"),
+        ("pack_weight", lambda: pack_weight(M(w), 32), "w"),
+        ("pack_int4", lambda: pack_int4(M(torch.zeros(2, 4, dtype=torch.int8))), "codes"),
+        ("unpack_int4", lambda: unpack_int4(M(torch.zeros(2, 2, dtype=torch.uint8)), 4), "packed"),
+        ("PackedInt4 zeros", lambda: PackedInt4(pk.packed, pk.scales, M(pk.zeros), 32, 64), "PackedInt4.zeros"),
+        ("PackedInt4 perm", lambda: PackedInt4(pk.packed, pk.scales, pk.zeros, 32, 64, M(torch.arange(64))),
+         "PackedInt4.perm"),
+        ("quantize_q8_0", lambda: quantize_q8_0(M(torch.zeros(1, 32))), "w"),
+        ("dequantize_ggml", lambda: dequantize_ggml(M(torch.zeros(34, dtype=torch.uint8)), "Q8_0", (1, 32)), "data"),
+        ("token_windows", lambda: token_windows(M(torch.arange(600)), 64, 2, 2), "ids"),
+        ("window_nll", lambda: window_nll(model, M(ids)), "windows"),
+        ("outlier_table", lambda: outlier_table({"a": M(torch.ones(4))}), r"absmax\['a'\]"),
+        ("smoothing_scales", lambda: smoothing_scales(M(torch.ones(64)), w, 0.5), "act_absmax"),
+        ("fake_quantize_activation", lambda: fake_quantize_activation(M(w)), "x"),
+        ("hessian", lambda: hessian(M(w)), "x"),
+        ("damp_hessian", lambda: damp_hessian(M(torch.eye(4))), "gram"),
+        ("gptq_quantize", lambda: gptq_quantize(w, M(torch.eye(64)), scheme), "H"),
+        ("sampling_probs", lambda: sampling_probs(M(p)), "logits"),
+        ("sample_categorical", lambda: sample_categorical(M(p), 0), "probs"),
+        ("accept_or_resample", lambda: accept_or_resample(p, M(p), torch.tensor([0, 1]), 0), "q"),
+        ("verify_block", lambda: verify_block(p[:, None], p[:, :0][:, None].reshape(2, 0, 4), M(torch.zeros(2, 0,
+                                              dtype=torch.int64)), 0), "drafted"),
+        ("total_variation", lambda: total_variation(M(p), M(p)), "p"),
+        ("MarkovLM", lambda: MarkovLM(M(mlm.probabilities)), "probabilities"),
+        ("MarkovLM.forward", lambda: mlm(M(ids), torch.arange(3)), "input_ids"),
+        ("chi_square_test", lambda: chi_square_test(tokens[None, :1], M(torch.full((4,), 0.25,
+                                                    dtype=torch.float64))), "probabilities"),
+        ("PromptLookupDraft.propose", lambda: PromptLookupDraft().propose(M(tokens), 2), "tokens"),
+        ("ModelDraft.propose", lambda: ModelDraft(model, model.new_cache(1, 16)).propose(M(tokens), 2), "tokens"),
+        ("speculative_step proposals", lambda: step_with(MetaDraft()), r"draft MetaDraft.propose\(tokens, 2\)"),
+        ("generate_speculative", lambda: generate_speculative(model, PromptLookupDraft(), M(tokens), 2, 2), "prompt"),
+        ("generate_speculative meta models", lambda: generate_speculative(meta_model, meta_model, tokens, 2, 2),
+         r"the model's weights \(embed_tokens.weight\)"),
+        ("noisy_copy", lambda: noisy_copy(meta_model, 0.1), "model.embed_tokens.weight"),
+        ("divergence_report", lambda: batching.divergence_report(M(tokens), tokens, torch.zeros(3, 4),
+                                                                 torch.zeros(3, 4)), "solo_tokens"),
+        ("first_divergence", lambda: divergence.first_divergence(M(tokens), tokens), "a"),
+        ("Decoder.forward input_ids", lambda: model(M(ids), torch.arange(3)), "input_ids"),
+        ("Decoder.forward attention_mask", lambda: model(ids, torch.arange(3), attention_mask=M(torch.ones(1, 3))),
+         "attention_mask"),
+        ("Decoder.forward meta model", lambda: meta_model(M(ids), M(torch.arange(3))),
+         r"the model's weights \(embed_tokens.weight\)"),
+        ("check_attention_mask", lambda: check_attention_mask(M(torch.ones(1, 3, dtype=torch.bool)), 1, 3),
+         "attention_mask"),
+        ("left_pad", lambda: left_pad([M(tokens)]), r"prompts\[0\]"),
+        ("generate_cached", lambda: generate_cached(model, M(tokens), 2), "prompt"),
+        ("generate_batch meta model", lambda: generate_batch(meta_model, [tokens], 2),
+         r"the model's weights \(embed_tokens.weight\)"),
+        ("from_hf_state_dict", lambda: Decoder.from_hf_state_dict(model.config, meta_model.state_dict()),
+         r"state_dict\['embed_tokens.weight'\]"),
+        ("rope_cos_sin", lambda: rope_cos_sin(M(torch.arange(3)), 8, 10000.0), "positions"),
+        ("compute_block_hash", lambda: compute_block_hash(M(tokens)), "token_ids"),
+        ("PagedKVCache.new_sequence", lambda: PagedKVCache(BlockPool(4, 4, 2, 8)).new_sequence(M(tokens)),
+         "prefix_token_ids"),
+        ("Engine.add_request", lambda: Engine(model, 32, 4).add_request(M(tokens), 2), "prompt_ids"),
+    ]
+
+
+def test_meta_tensors_are_refused_where_they_enter_naming_the_argument_and_the_device():
+    failures = []
+    for label, call, name in _meta_cases():
+        try:
+            call()
+            failures.append(f"{label}: no error")
+        except ValueError as error:
+            pattern = rf"^{name} must be a tensor with data, on the cpu or cuda device.*got one on the meta device"
+            if not __import__("re").search(pattern, str(error)):
+                failures.append(f"{label}: {type(error).__name__}: {error}")
+        except Exception as error:                               # noqa: BLE001 - reported below
+            failures.append(f"{label}: {type(error).__name__}: {error}")
+    assert not failures, "\n".join(failures)

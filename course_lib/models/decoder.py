@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..cache.contiguous import KVCache
-from ..validation import ArgumentTypeError, boolean, instance, integer, integer_tensor
+from ..validation import ArgumentTypeError, boolean, instance, integer, integer_tensor, materialized
 from . import ops
 from .config import ModelConfig, toy_config
 from .rope import rotate_pairs
@@ -103,9 +103,16 @@ class Block(nn.Module):
 
 
 def _on_device(name: str, x, device: torch.device) -> None:
-    """A tensor ``x`` must be on the model's device (checked before any reduction runs on it)."""
+    """A tensor ``x`` must hold data and be on the model's device (checked before any reduction runs on it)."""
+    materialized(name, x)
     if isinstance(x, torch.Tensor) and x.device != device:
         raise ValueError(f"{name} is on {x.device} but the model is on {device}; move it with .to({str(device)!r})")
+
+
+def _weight_with_data(model: "Decoder") -> torch.Tensor:
+    """The model's embedding weight (its device and dtype are the model's), refused on the meta device."""
+    return materialized("the model's weights (embed_tokens.weight)", model.embed_tokens.weight,
+                        note="a model built on the meta device needs its weights loaded")
 
 
 def check_attention_mask(attention_mask, B: int, S: int) -> torch.Tensor:
@@ -119,9 +126,10 @@ def check_attention_mask(attention_mask, B: int, S: int) -> torch.Tensor:
     Raises:
         ArgumentTypeError: not a bool or int64 tensor.
         ValueError: another shape, a value other than 0/1, a row with a pad after a real token (right
-            padding, or a pad between real tokens).
+            padding, or a pad between real tokens); a tensor on the meta device.
     """
     instance("attention_mask", attention_mask, torch.Tensor)
+    materialized("attention_mask", attention_mask)
     if attention_mask.dtype not in (torch.bool, torch.int64):
         raise ArgumentTypeError(f"attention_mask must be a bool or int64 tensor of 0/1 (1 = a real token), "
                                 f"got dtype {attention_mask.dtype}")
@@ -283,7 +291,8 @@ class Decoder(nn.Module):
         Raises:
             ArgumentTypeError: ``config`` not a ModelConfig, ``state_dict`` not a mapping, or a
                 value that is not a tensor.
-            ValueError: a tensor is missing, unexpected, or has the wrong shape.
+            ValueError: a tensor is missing, unexpected, has the wrong shape or is on the meta
+                device (no weights to load).
         """
         instance("state_dict", state_dict, Mapping)
         model = cls(config)
@@ -293,7 +302,7 @@ class Decoder(nn.Module):
             name = name.replace(".self_attn.", ".").replace(".mlp.", ".")
             if name.endswith("rotary_emb.inv_freq"):
                 continue
-            ours[name] = instance(f"state_dict[{key!r}]", tensor, torch.Tensor)
+            ours[name] = materialized(f"state_dict[{key!r}]", instance(f"state_dict[{key!r}]", tensor, torch.Tensor))
         if config.tie_embeddings:
             ours.pop("lm_head.weight", None)
         expected = {k: v.shape for k, v in model.state_dict().items()}
@@ -346,11 +355,12 @@ class Decoder(nn.Module):
             ValueError: a mask of another shape or not left-padded; an attention_fn together
                 with batch_invariant mode; wrong ranks or an empty input; a token id outside the vocabulary; a
                 position outside 0 .. max_seq_len - 1; positions of another length or batch;
-                inputs on another device than the model; a cache of another shape, batch or
+                inputs on another device than the model; a model whose weights are on the meta
+                device; a tensor argument on the meta device; a cache of another shape, batch or
                 device, or one without room for T more slots ("KV cache overflow").
         """
         c = self.config
-        weight = self.embed_tokens.weight
+        weight = _weight_with_data(self)
         _on_device("input_ids", input_ids, weight.device)
         _on_device("positions", positions, weight.device)
         B, T = check_ids_and_positions(input_ids, positions, vocab_size=c.vocab_size, max_seq_len=c.max_seq_len)
@@ -442,7 +452,8 @@ def generation_inputs(model: Decoder, prompt: torch.Tensor, max_new_tokens: int)
     Raises: as ``generate_full_recompute``."""
     instance("model", model, Decoder)
     c = model.config
-    _on_device("prompt", prompt, model.embed_tokens.weight.device)
+    weight = _weight_with_data(model)
+    _on_device("prompt", prompt, weight.device)
     integer_tensor("prompt", prompt, ranks=(1, 2), layout="(T0,) or (1, T0)", dtype=torch.int64,
                    minimum=0, maximum=c.vocab_size - 1, note=f"token ids; vocab_size {c.vocab_size}")
     if prompt.dim() == 2 and prompt.shape[0] != 1:
@@ -483,7 +494,8 @@ def generate_full_recompute(model: Decoder, prompt: torch.Tensor, max_new_tokens
     Raises:
         ArgumentTypeError: model not a Decoder, prompt not an int64 tensor, max_new_tokens not an int.
         ValueError: an empty or batched prompt, a token id outside the vocabulary, a prompt
-            longer than max_seq_len, max_new_tokens < 0 or past the last position.
+            longer than max_seq_len, max_new_tokens < 0 or past the last position; a prompt or
+            model weights on the meta device.
     """
     ids, n = generation_inputs(model, prompt, max_new_tokens)
     if n == 0:
@@ -570,9 +582,10 @@ def generate_batch(model: Decoder, prompts: Sequence[torch.Tensor], max_new_toke
 
     Raises:
         ArgumentTypeError / ValueError: as ``left_pad`` and ``Decoder.forward``; max_new_tokens < 1
-        or past the last position; a prefill_chunk < 1.
+        or past the last position; a prefill_chunk < 1; a model whose weights are on the meta device.
     """
     instance("model", model, Decoder)
+    _weight_with_data(model)
     c = model.config
     ids, mask = left_pad(prompts, integer("pad_id", pad_id, minimum=0, maximum=c.vocab_size - 1,
                                           note=f"a token id; vocab_size {c.vocab_size}"))

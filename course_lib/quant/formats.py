@@ -47,7 +47,7 @@ from typing import Sequence
 
 import torch
 
-from ..validation import ArgumentTypeError, boolean, instance, integer, one_of, positive_integer
+from ..validation import ArgumentTypeError, boolean, instance, integer, materialized, one_of, positive_integer
 
 __all__ = [
     "SCALE_BYTES", "SCALE_TORCH_DTYPES", "GRANULARITIES", "qmax", "QuantScheme", "QuantizedTensor",
@@ -164,6 +164,7 @@ def _check_weight(w) -> torch.Tensor:
     """A 2-D floating tensor with finite values, as float32 (the range check runs after the cast,
     so a float64 value beyond the float32 range is reported too)."""
     instance("w", w, torch.Tensor)
+    materialized("w", w)
     if not w.dtype.is_floating_point:
         raise ArgumentTypeError(f"w must be a floating-point tensor of shape (out_features, in_features), "
                                 f"got dtype {w.dtype}")
@@ -291,8 +292,8 @@ def quantize(w: torch.Tensor, scheme: QuantScheme) -> QuantizedTensor:
 
     Raises:
         ArgumentTypeError: w not a floating tensor, scheme not a QuantScheme.
-        ValueError: w not 2-D or empty, a non-finite value (its index is named), a group size that
-            does not divide in_features, or (fp16 storage) a scale that overflows to inf or
+        ValueError: w not 2-D or empty, on the meta device, a non-finite value (its index is
+            named), a group size that does not divide in_features, or (fp16 storage) a scale that overflows to inf or
             underflows to 0 in float16 while its group is not all zero (use scale_dtype="fp32").
     """
     instance("scheme", scheme, QuantScheme)

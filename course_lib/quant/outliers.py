@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-from ..validation import ArgumentTypeError, boolean, integer_tensor
+from ..validation import ArgumentTypeError, boolean, integer_tensor, materialized
 from .layers import select_linear_layers
 
 __all__ = ["observe_linear_inputs", "run_windows", "input_absmax", "outlier_table"]
@@ -165,7 +165,8 @@ def outlier_table(absmax: dict[str, torch.Tensor]):
 
     Raises:
         ArgumentTypeError: absmax not a dict, or a value that is not a tensor.
-        ValueError: a value that is not 1-D, is empty, or holds negative or non-finite values.
+        ValueError: a value that is not 1-D, is empty, holds negative or non-finite values, or is
+            on the meta device.
     """
     import numpy as np
     import pandas as pd
@@ -176,6 +177,7 @@ def outlier_table(absmax: dict[str, torch.Tensor]):
     for name, values in absmax.items():
         if not isinstance(values, torch.Tensor):
             raise ArgumentTypeError(f"absmax[{name!r}] must be a tensor, got {type(values).__qualname__}")
+        materialized(f"absmax[{name!r}]", values)
         if values.dim() != 1 or values.numel() == 0:
             raise ValueError(f"absmax[{name!r}] must be a non-empty 1-D tensor (in_features,), "
                              f"got shape {tuple(values.shape)}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..validation import boolean, instance, integer_tensor, one_of, positive_integer
+from ..validation import boolean, instance, integer_tensor, materialized, one_of, positive_integer
 from .formats import QuantizedTensor, QuantScheme, quantize
 
 __all__ = ["NIBBLE_ORDERS", "pack_int4", "unpack_int4", "PackedInt4", "pack_weight", "check_int4_zero_points"]
@@ -131,7 +131,8 @@ class PackedInt4:
     computed in float32 exactly as ``formats.QuantizedTensor.dequantize``.
 
     Raises:
-        ArgumentTypeError / ValueError naming the field on a bad shape, dtype or value.
+        ArgumentTypeError / ValueError naming the field on a bad shape, dtype or value (a tensor
+        on the meta device included).
     """
 
     packed: torch.Tensor
@@ -157,6 +158,7 @@ class PackedInt4:
             if field == "zeros" and value is None:
                 continue
             instance(f"PackedInt4.{field}", value, torch.Tensor)
+            materialized(f"PackedInt4.{field}", value)
             if value.dtype not in (torch.float16, torch.float32) or tuple(value.shape) != shape:
                 raise ValueError(f"PackedInt4.{field} must be float16 or float32 of shape {shape}, got dtype "
                                  f"{value.dtype} and shape {tuple(value.shape)}")

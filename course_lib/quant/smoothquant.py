@@ -23,7 +23,7 @@ from typing import Iterable, Iterator
 import torch
 from torch import nn
 
-from ..validation import ArgumentTypeError, instance, integer, number
+from ..validation import ArgumentTypeError, instance, integer, materialized, number
 from .formats import QuantScheme, fake_quantize, qmax
 from .layers import quantized, select_linear_layers
 
@@ -38,6 +38,7 @@ SMOOTHING_FLOOR = 1e-5
 
 def _vector(name: str, x) -> torch.Tensor:
     instance(name, x, torch.Tensor)
+    materialized(name, x)
     if not x.dtype.is_floating_point:
         raise ArgumentTypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
     return x
@@ -61,7 +62,7 @@ def smoothing_scales(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: floa
     Raises:
         ArgumentTypeError: a non-tensor or non-float tensor; alpha not a number.
         ValueError: wrong ranks, in_features that differ, negative or non-finite values, alpha
-            outside [0, 1].
+            outside [0, 1]; a tensor on the meta device.
     """
     _vector("act_absmax", act_absmax)
     _vector("weight", weight)
@@ -100,7 +101,7 @@ def fake_quantize_activation(x: torch.Tensor, bits: int = 8) -> torch.Tensor:
 
     Raises:
         ArgumentTypeError: x not a floating tensor; bits not an int.
-        ValueError: bits outside 2..8; an empty x; a non-finite value.
+        ValueError: bits outside 2..8; an empty x; a non-finite value; x on the meta device.
     """
     _vector("x", x)
     qmax(integer("bits", bits))   # checks the range

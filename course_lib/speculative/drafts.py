@@ -259,15 +259,19 @@ def noisy_copy(model: Decoder, scale: float, seed: int = 0) -> Decoder:
     Args:
         model: a ``Decoder``. scale: noise relative to each matrix's std, a number >= 0. seed: an int.
     Returns: a new ``Decoder`` (eval mode, no gradients); ``model`` is unchanged.
-    Raises: ArgumentTypeError / ValueError for a model that is not a Decoder, a negative scale, a non-int seed.
+    Raises: ArgumentTypeError / ValueError for a model that is not a Decoder or has a weight on the meta
+        device (named), a negative scale, a non-int seed.
     """
-    from ..validation import nonnegative_number
+    from ..validation import materialized, nonnegative_number
 
     instance("model", model, Decoder)
     scale = nonnegative_number("scale", scale)
     gen = torch.Generator().manual_seed(integer("seed", seed))
+    state = model.state_dict()
+    for name, tensor in state.items():
+        materialized(f"model.{name}", tensor)
     draft = Decoder(model.config)
-    draft.load_state_dict(model.state_dict())
+    draft.load_state_dict(state)
     with torch.no_grad():
         for p in draft.parameters():
             if p.dim() == 2:

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..validation import (ArgumentTypeError, boolean, fits_memory, instance, integer, integer_tensor, nonnegative_integer,
-                          number, positive_integer, positive_number, token_ids)
+from ..validation import (ArgumentTypeError, boolean, fits_memory, instance, integer, integer_tensor, materialized,
+                          nonnegative_integer, number, positive_integer, positive_number, token_ids)
 from ..models.decoder import check_ids_and_positions
 from .sampling import (ROW_SUM_TOLERANCE, accept_or_resample, sample_categorical, sampling_probs, verify_block)
 
@@ -177,12 +177,14 @@ class MarkovLM(nn.Module):
 
     Raises:
         ArgumentTypeError: probabilities not a floating tensor.
-        ValueError: another shape, V outside [2, 16], a row that is not a distribution.
+        ValueError: another shape, V outside [2, 16], a row that is not a distribution; a tensor
+            on the meta device.
     """
 
     def __init__(self, probabilities: torch.Tensor, max_seq_len: int = 4096) -> None:
         super().__init__()
         instance("probabilities", probabilities, torch.Tensor)
+        materialized("probabilities", probabilities)
         if not probabilities.dtype.is_floating_point:
             raise ArgumentTypeError(f"probabilities must be a floating tensor, got dtype {probabilities.dtype}")
         if probabilities.dim() != 3 or probabilities.shape[0] != probabilities.shape[1] or \
@@ -496,7 +498,8 @@ def chi_square_test(samples: torch.Tensor, probabilities: torch.Tensor, *, min_e
     Returns: (statistic: float, dof: int, p_value: float).
 
     Raises:
-        ArgumentTypeError / ValueError: bad tensors; a length that is not V ** n for an int V;
+        ArgumentTypeError / ValueError: bad tensors (a tensor on the meta device included); a
+            length that is not V ** n for an int V;
             fewer than two cells after pooling (nothing to test).
     """
     integer_tensor("samples", samples, ranks=(2,), layout="(S, n)", dtype=torch.int64, minimum=0)
@@ -504,6 +507,7 @@ def chi_square_test(samples: torch.Tensor, probabilities: torch.Tensor, *, min_e
     if S == 0 or n == 0:
         raise ValueError(f"samples must hold at least one sequence of at least one token, got {tuple(samples.shape)}")
     instance("probabilities", probabilities, torch.Tensor)
+    materialized("probabilities", probabilities)
     if not probabilities.dtype.is_floating_point or probabilities.dim() != 1:
         raise ValueError(f"probabilities must be a 1-D floating tensor, got dtype {probabilities.dtype} and shape "
                          f"{tuple(probabilities.shape)}")

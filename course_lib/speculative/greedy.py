@@ -136,7 +136,7 @@ def _check_draft_vocabulary(target: Decoder, draft) -> None:
 def _checked_proposals(draft: Draft, proposals, gamma: int, vocab_size: int) -> list[int]:
     """What a draft's ``propose`` returned (user code: checked before the target runs): at most
     ``gamma`` int ids in the target's vocabulary, as a list of Python ints."""
-    name = f"draft {type(draft).__qualname__}.propose(tokens, {gamma})"
+    name = f"draft {type(draft).__name__}.propose(tokens, {gamma})"
     proposals = token_ids(name, proposals, vocab_size=vocab_size)
     if len(proposals) > gamma:
         raise ValueError(f"{name} must return at most gamma = {gamma} tokens, got {len(proposals)}")

@@ -21,7 +21,8 @@ Contents:
 Every probability is float64: a float32 residual of two nearly equal distributions loses most of
 its digits, and ``emitted_distribution`` is checked against ``p`` to 1e-12. Inputs of another
 floating dtype are converted. Probability rows must be nonnegative and sum to 1 within 1e-6
-(``ValueError`` naming the first row that does not).
+(``ValueError`` naming the first row that does not). Every function here refuses a tensor on
+the meta device (``ValueError`` naming it: it has no values to check).
 
 Randomness: every function that samples takes an int ``seed`` and draws from its own
 ``torch.Generator().manual_seed(seed)``; the global RNG is never touched, so a result depends
@@ -33,7 +34,8 @@ from typing import Callable
 
 import torch
 
-from ..validation import ArgumentTypeError, instance, integer, integer_tensor, nonnegative_number, positive_integer
+from ..validation import (ArgumentTypeError, instance, integer, integer_tensor, materialized, nonnegative_number,
+                          positive_integer)
 
 __all__ = ["sampling_probs", "sample_categorical", "accept_or_resample", "verify_block", "acceptance_probability",
            "total_variation", "emitted_distribution", "trial_distribution"]
@@ -50,9 +52,10 @@ Accept = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], tuple[torch.T
 
 # -- validation ----------------------------------------------------------------------------
 def _floating(name: str, value, *, ranks: tuple[int, ...], layout: str) -> torch.Tensor:
-    """A floating tensor of an allowed rank with a nonempty last axis, as float64."""
+    """A floating tensor of an allowed rank with a nonempty last axis, on a device with data, as float64."""
     if not isinstance(value, torch.Tensor):
         raise ArgumentTypeError(f"{name} must be a floating tensor of shape {layout}, got {type(value).__qualname__}")
+    materialized(name, value)
     if not value.dtype.is_floating_point:
         raise ArgumentTypeError(f"{name} must be a floating tensor of shape {layout} (float64 preferred), "
                                 f"got dtype {value.dtype}")
