@@ -112,3 +112,18 @@ def test_kernel_blocks_past_tritons_tile_limit_are_refused():
     q, cache = torch.randn(1, 4, 64), torch.zeros(2, 4, 2, 64)
     with pytest.raises(ValueError, match=rf"paged_decode_attention: a tile of group 2 x block_n 16384 x head_dim 64 .*{limit}"):
         paged_decode_attention(q, cache, cache, torch.tensor([[0]]), torch.tensor([3]), block_n=2 ** 14)
+
+
+def test_meta_tensors_are_refused_by_the_paged_kernels_and_the_engine():
+    from course_lib.engine import Engine
+    from course_lib.kernels.paged_attention import decode_attention_bytes, paged_decode_attention
+    from course_lib.models.decoder import toy_decoder
+
+    args = (torch.randn(1, 2, 4), torch.zeros(2, 4, 2, 4), torch.zeros(2, 4, 2, 4), torch.zeros(1, 1, dtype=torch.int64),
+            torch.ones(1, dtype=torch.int64))
+    with pytest.raises(ValueError, match="q must be a tensor with data, .* got one on the meta device"):
+        paged_decode_attention(*(t.to("meta") for t in args))
+    with pytest.raises(ValueError, match="context_lens must be a tensor with data"):
+        decode_attention_bytes(torch.ones(2, dtype=torch.int64, device="meta"), 4, 2, 8, 2)
+    with pytest.raises(ValueError, match="model's weights must be a tensor with data"):
+        Engine(toy_decoder().to("meta"), num_blocks=32)

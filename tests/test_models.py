@@ -462,13 +462,15 @@ def test_repeat_kv_refuses_a_bad_group_size():
 
 
 def test_inputs_and_cache_on_another_device_are_refused_before_any_work(toy):
-    # the meta device stands in for "another device" on a CPU-only machine
+    # the meta device stands in for "another device" on a CPU-only machine; a meta tensor holds no
+    # values, and inputs say so (validation.materialized) before any device comparison
     ids = torch.zeros(1, 2, dtype=torch.long)
-    with pytest.raises(ValueError, match="positions is on meta but the model is on cpu"):
+    meta = "must be a tensor with data, on the cpu or cuda device, got one on the meta device"
+    with pytest.raises(ValueError, match=f"positions {meta}"):
         toy(ids, torch.arange(2, device="meta"))
-    with pytest.raises(ValueError, match="input_ids is on meta but the model is on cpu"):
+    with pytest.raises(ValueError, match=f"input_ids {meta}"):
         toy(ids.to("meta"), torch.arange(2))
-    with pytest.raises(ValueError, match="prompt is on meta but the model is on cpu"):
+    with pytest.raises(ValueError, match=f"prompt {meta}"):
         generate_full_recompute(toy, torch.arange(3, device="meta"), 2)
     cache = KVCache(4, 1, 2, 8, 32, device="meta")
     with pytest.raises(ValueError, match="cache is on meta but the model is on cpu"):

@@ -33,7 +33,7 @@ from ..models.config import weight_bytes
 from ..models.decoder import Decoder
 from ..scheduling.step import CHUNK_BUDGET, RequestTooLargeError, admit_limit
 from ..scheduling.workload import RequestRecord
-from ..validation import (ArgumentTypeError, boolean, fits_memory, instance, integer, number,
+from ..validation import (ArgumentTypeError, boolean, fits_memory, instance, integer, materialized, number,
                           positive_integer, token_ids)
 from .block_manager import BlockManager
 from .runner import ChunkInput, ModelRunner
@@ -120,6 +120,7 @@ class Engine:
                  max_running: int = MAX_RUNNING, *, keep_logits: bool = False, audit: bool = False,
                  timer: Callable[[], float] = time.perf_counter, decode_attention: Callable | None = None) -> None:
         self.model = instance("model", model, Decoder)
+        materialized("model's weights", model.embed_tokens.weight, note="load or move the model first")
         block_size = positive_integer("block_size", block_size)
         max_running = positive_integer("max_running", max_running)
         num_blocks = integer("num_blocks", num_blocks, minimum=max_running + 1,

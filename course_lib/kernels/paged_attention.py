@@ -76,7 +76,7 @@ import math
 
 import torch
 
-from ..validation import ArgumentTypeError, instance, positive_integer, power_of_two
+from ..validation import ArgumentTypeError, instance, materialized, positive_integer, power_of_two
 from . import check_tile, fallback_notice, import_triton, kernel_interpreted, notice_once, triton_mode
 
 __all__ = ["reference_paged_decode_attention", "paged_decode_attention_unchecked", "gather_blocks",
@@ -204,7 +204,7 @@ def check_paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens) -
             dividing Hq; a context length < 1 or longer than the table row holds; a block id outside
             the pool (< 0 or >= num_blocks) among the first ceil(context_lens[b] / block_size) entries
             of row b, the entries the functions read (the rest is padding and may hold anything); a
-            tensor on another device than q.
+            tensor on another device than q, or on the meta device (no values to check).
 
     The checks read ``context_lens`` and ``block_tables`` back to the host (one synchronisation on
     a GPU): a bad id would otherwise be read as block 0 by the PyTorch path and outside the pool by
@@ -212,7 +212,7 @@ def check_paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens) -
     """
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
                     ("context_lens", context_lens)):
-        instance(name, x, torch.Tensor)
+        materialized(name, instance(name, x, torch.Tensor))
         if x.device != q.device:
             raise ValueError(f"{name} is on {x.device} but q is on {q.device}")
     if not q.dtype.is_floating_point or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
@@ -320,6 +320,7 @@ def write_slots(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v
 def _context_total(context_lens) -> tuple[int, int]:
     """(number of sequences, sum of their context lengths) from a sequence of ints or a 1-D tensor."""
     if isinstance(context_lens, torch.Tensor):
+        materialized("context_lens", context_lens)
         if context_lens.dim() != 1 or context_lens.dtype.is_floating_point or context_lens.dtype == torch.bool:
             raise ArgumentTypeError(f"context_lens must be a 1-D integer tensor, got {context_lens.dtype} of shape "
                                     f"{tuple(context_lens.shape)}")
