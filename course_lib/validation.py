@@ -331,7 +331,7 @@ def memory_bytes(device: Any = "cpu") -> int | None:
 
     import torch
 
-    device = torch.device(device)
+    device = torch.get_default_device() if device is None else torch.device(device)
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory)
     try:
@@ -359,5 +359,5 @@ def fits_memory(name: str, value: Any, nbytes: int, *, device: Any = "cpu", what
 def _device_text(device: Any) -> str:
     import torch
 
-    device = torch.device(device)
+    device = torch.get_default_device() if device is None else torch.device(device)
     return f"of the GPU {device}" if device.type == "cuda" else "of this machine (cpu)"

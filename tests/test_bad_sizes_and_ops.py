@@ -67,13 +67,13 @@ def test_engine_and_pools_refuse_blocks_that_cannot_fit_before_allocating():
     from course_lib.models.decoder import toy_decoder
 
     model = toy_decoder()
-    with pytest.raises(ValueError, match=r"num_blocks = 1099511627776 needs .* GiB .* for the K/V blocks of 4 layers"):
+    with pytest.raises(ValueError, match=r"\(num_blocks, block_size\) = \(1099511627776, 16\) needs .* GiB .* for the K/V blocks of 4 layers"):
         Engine(model, num_blocks=HUGE)
-    with pytest.raises(ValueError, match="BlockPool num_blocks = 1099511627776 needs"):
+    with pytest.raises(ValueError, match=r"BlockPool \(num_blocks, block_size, n_kv_heads, head_dim\) = \(1099511627776, 16, 3, 64\) needs"):
         BlockPool(HUGE, 16, 3, 64)
     with pytest.raises(ValueError, match="BlockAllocator num_blocks = 1099511627776 needs .* per-block lists"):
         BlockAllocator(HUGE, 16)
-    with pytest.raises(ValueError, match="KVCache max_len = 1099511627776 needs"):
+    with pytest.raises(ValueError, match=r"KVCache \(n_layers, batch, n_kv_heads, max_len, head_dim\) = \(30, 1, 3, 1099511627776, 64\) needs"):
         KVCache(30, 1, 3, HUGE, 64)
     assert Engine(model, num_blocks=32).blocks.num_free == 32   # a size that fits still works
 
@@ -82,7 +82,7 @@ def test_speculative_sampling_refuses_samples_that_cannot_fit():
     from course_lib.speculative.exact import MarkovLM, TokenCache, sample_speculative
 
     target = MarkovLM.random(6, seed=0)
-    with pytest.raises(ValueError, match=r"n_samples = 1099511627776 needs .* GiB"):
+    with pytest.raises(ValueError, match=r"\(n_samples, prompt \+ n_tokens \+ gamma\) = \(1099511627776, 8\) needs .* GiB"):
         sample_speculative(target, target, [1, 2], 4, 2, HUGE, 0)
     with pytest.raises(ValueError, match="TokenCache batch \\* max_len"):
         TokenCache(HUGE, 8)
@@ -91,7 +91,7 @@ def test_speculative_sampling_refuses_samples_that_cannot_fit():
 
 def test_linear_refuses_a_tile_that_cannot_fit():
     x, w = torch.randn(3, 8), torch.randn(4, 8)
-    with pytest.raises(ValueError, match=r"tile = 1099511627776 needs .* float32 rows padded to whole tiles"):
+    with pytest.raises(ValueError, match=r"\(rows of x padded to whole tiles, K, N\) = \(1099511627776, 8, 4\) needs .* float32 rows in tiles"):
         ops.linear(x, w, tile=HUGE)
     assert torch.equal(ops.linear(x, w, tile=5), ops.linear(x, w, tile=5))
 
@@ -125,5 +125,37 @@ def test_meta_tensors_are_refused_by_the_paged_kernels_and_the_engine():
         paged_decode_attention(*(t.to("meta") for t in args))
     with pytest.raises(ValueError, match="context_lens must be a tensor with data"):
         decode_attention_bytes(torch.ones(2, dtype=torch.int64, device="meta"), 4, 2, 8, 2)
-    with pytest.raises(ValueError, match="model's weights must be a tensor with data"):
+    with pytest.raises(ValueError, match="the model's embed_tokens.weight must be a tensor with data"):
         Engine(toy_decoder().to("meta"), num_blocks=32)
+
+
+def test_sizes_name_what_is_multiplied_and_none_is_the_default_device():
+    from course_lib.cache.contiguous import KVCache
+    from course_lib.cache.paged import BlockPool
+    from course_lib.engine import Engine
+    from course_lib.models.decoder import toy_decoder
+
+    assert KVCache(1, 1, 1, 16, 64, device=None).k.shape == (1, 1, 1, 16, 64)
+    assert BlockPool(4, 16, 1, 64, device=None).k.shape == (4, 16, 1, 64)
+    with pytest.raises(ValueError, match=r"KVCache \(n_layers, batch, .*\) = \(1, 1000000000, 1, 16, 64\)"):
+        KVCache(1, 10 ** 9, 1, 16, 64)
+    with pytest.raises(ValueError, match=r"\(num_blocks, block_size\) = \(32, 1000000000\)"):
+        Engine(toy_decoder(), num_blocks=32, block_size=10 ** 9)
+
+
+def test_the_engine_refuses_a_model_with_any_weight_on_meta():
+    from course_lib.engine import Engine
+    from course_lib.models.decoder import toy_decoder
+
+    model = toy_decoder()
+    model.layers[0].v_proj.weight = torch.nn.Parameter(torch.empty_like(model.layers[0].v_proj.weight, device="meta"))
+    with pytest.raises(ValueError, match="the model's layers.0.v_proj.weight must be a tensor with data"):
+        Engine(model, num_blocks=32)
+
+
+def test_the_default_paged_block_is_tile_checked_too():
+    from course_lib.kernels.paged_attention import paged_decode_attention
+
+    q, cache = torch.randn(1, 64, 16384), torch.zeros(1, 1, 1, 16384)
+    with pytest.raises(ValueError, match="group 64 x block_n 16 x head_dim 16384 holds 16,777,216 elements"):
+        paged_decode_attention(q, cache, cache, torch.tensor([[0]]), torch.tensor([1]))

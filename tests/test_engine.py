@@ -292,6 +292,9 @@ def test_block_manager_refuses_a_commit_past_its_reserved_blocks_and_keeps_the_s
     for call in (manager.reserve, manager.commit):
         with pytest.raises(TypeError, match="seq must be a Sequence"):
             call("not a sequence", 1)
+    for call in (manager.admit, manager.free):
+        with pytest.raises(TypeError, match="seq must be a Sequence"):
+            call(object())
     manager.audit([seq])
 
 

@@ -235,3 +235,30 @@ def test_split_windows_cannot_pass_by_recognising_distinct_ids():
         return evaluation, ids[:n_calib * window].reshape(n_calib, window)
     with pytest.raises(ContractError, match="calibration windows overlap the evaluation windows"):
         lab04.check_split_windows(split, seed=0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_odd_sizes_are_always_drawn(seed):
+    """Wrong answers that only odd sizes show fail on every seed (they passed on some): Python's
+    round(in / 2) (half to even), an odd row padded at the front or with a copy of its last code, an
+    unpack that ignores n."""
+    bankers = solutions.solution_namespace(LAB, (Edit("int4_nbytes", "payload = out_features * math.ceil(in_features / 2)",
+                                                      "payload = out_features * round(in_features / 2)"),))
+    with pytest.raises(ContractError):
+        lab04.check_int4_nbytes(bankers["int4_nbytes"], seed=seed)
+    for old, new in (("torch.nn.functional.pad(nibbles, (0, 1))", "torch.nn.functional.pad(nibbles, (1, 0))"),
+                     ("torch.nn.functional.pad(nibbles, (0, 1))", "torch.cat([nibbles, nibbles[..., -1:]], -1)"),
+                     ("flatten(-2)[..., :n]", "flatten(-2)")):
+        cell = "pack_int4"
+        namespace = solutions.solution_namespace(LAB, (Edit(cell, old, new),))
+        with pytest.raises(ContractError):
+            lab04.check_pack_int4(namespace["pack_int4"], namespace["unpack_int4"], seed=seed)
+
+
+def test_split_windows_must_refuse_a_text_too_short():
+    def unfolded(ids, window, n_eval, n_calib):
+        w = ids.unfold(0, window, window)
+        return w[:n_eval], w[n_eval:n_eval + n_calib]
+
+    with pytest.raises(ContractError, match=r"returned \[\(2, 4\), \(0, 4\)\] instead of raising ValueError"):
+        lab04.check_split_windows(unfolded, seed=0)

@@ -393,7 +393,8 @@ def test_a_draft_proposing_more_than_gamma_tokens_is_named(target):
 
 def test_integer_proposals_of_any_int_kind_are_verified_as_python_ints(target):
     reference = speculative_step(target, ScriptedDraft([5, 6]), *start(target, PROMPTS["short"]), 2)
-    for kind in (np.array, torch.tensor, tuple):
+    zero_d = lambda ids: [torch.tensor(i) for i in ids]      # noqa: E731  what [logits.argmax(), ...] gives
+    for kind in (np.array, torch.tensor, tuple, zero_d):
         draft = ScriptedDraft([])
         draft.propose = lambda tokens, gamma, kind=kind: kind([5, 6])
         step = speculative_step(target, draft, *start(target, PROMPTS["short"]), 2)

@@ -56,8 +56,8 @@ class KVCache:
             ("head_dim", head_dim))}
         _floating_dtype("KVCache dtype", dtype)
         shape = tuple(sizes.values())
-        fits_memory("KVCache max_len", max_len, 2 * math.prod(shape) * dtype.itemsize, device=device,
-                    what="K and V of shape (n_layers, batch, n_kv_heads, max_len, head_dim)")
+        fits_memory("KVCache (n_layers, batch, n_kv_heads, max_len, head_dim)", shape,
+                    2 * math.prod(shape) * dtype.itemsize, device=device, what="K and V")
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self._length = 0

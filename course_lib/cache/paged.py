@@ -311,8 +311,8 @@ class BlockPool(BlockAllocator):
         if not dtype.is_floating_point:
             raise ArgumentTypeError(f"BlockPool dtype must be a floating torch dtype, got {dtype}")
         shape = (num_blocks, block_size, n_kv_heads, head_dim)
-        fits_memory("BlockPool num_blocks", num_blocks, 2 * math.prod(shape) * dtype.itemsize, device=device,
-                    what="the pool's K and V (2 * num_blocks * block_size * n_kv_heads * head_dim * element size)")
+        fits_memory("BlockPool (num_blocks, block_size, n_kv_heads, head_dim)", shape,
+                    2 * math.prod(shape) * dtype.itemsize, device=device, what="the pool's K and V")
         super().__init__(num_blocks, block_size)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)

@@ -63,7 +63,10 @@ class BlockManager:
 
     def admit(self, seq: Sequence) -> int:
         """Give a waiting sequence its block table, reusing cached full blocks of its tokens up to its
-        next-to-last one (incref'd). Returns the positions reused (a multiple of block_size, >= 0)."""
+        next-to-last one (incref'd). Returns the positions reused (a multiple of block_size, >= 0).
+
+        Raises: ArgumentTypeError for a seq that is not a ``Sequence``."""
+        seq = instance("seq", seq, Sequence)
         tokens = list(seq.token_ids[:seq.target - 1])
         reused = self.allocator.acquire_prefix(tokens)
         length = len(reused) * self.block_size
@@ -117,7 +120,9 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references (blocks at ref count 0 return to the free list).
 
-        Raises: ValueError for a table entry that is already free (a double free)."""
+        Raises: ValueError for a table entry that is already free (a double free); ArgumentTypeError for
+        a seq that is not a ``Sequence``."""
+        seq = instance("seq", seq, Sequence)
         for block_id in seq.paged.block_table:
             self.allocator.decref(block_id)
         seq.paged = PagedSequence()

@@ -120,14 +120,15 @@ class Engine:
                  max_running: int = MAX_RUNNING, *, keep_logits: bool = False, audit: bool = False,
                  timer: Callable[[], float] = time.perf_counter, decode_attention: Callable | None = None) -> None:
         self.model = instance("model", model, Decoder)
-        materialized("model's weights", model.embed_tokens.weight, note="load or move the model first")
+        for pname, param in model.named_parameters():
+            materialized(f"the model's {pname}", param, note="load or move the model first")
         block_size = positive_integer("block_size", block_size)
         max_running = positive_integer("max_running", max_running)
         num_blocks = integer("num_blocks", num_blocks, minimum=max_running + 1,
                              note="more blocks than max_running: each running sequence may leave one block "
                                   "partly empty")
         c = model.config
-        fits_memory("num_blocks", num_blocks,
+        fits_memory("(num_blocks, block_size)", (num_blocks, block_size),
                     2 * c.n_layers * num_blocks * block_size * c.n_kv_heads * c.head_dim * model.embed_tokens.weight.element_size(),
                     device=model.embed_tokens.weight.device,
                     what=f"the K/V blocks of {c.n_layers} layers (2 * n_layers * num_blocks * block_size * n_kv_heads * "
@@ -186,7 +187,8 @@ class Engine:
         else:
             arrival = float(number("arrival", arrival, minimum=self.clock,
                                    note=f"seconds on the engine's clock, which is at {self.clock:g} s: a request "
-                                        "cannot arrive before now, its TTFT would count time before it existed"))
+                                        "cannot arrive before now, its TTFT would count time before it existed; a "
+                                        "new Engine starts at 0, or add engine.clock to a trace's arrivals"))
         positions = len(prompt) + n - 1
         limit = admit_limit(self.deployment)
         if positions > limit:

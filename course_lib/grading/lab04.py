@@ -49,7 +49,7 @@ from ..quant.perplexity import perplexity as reference_perplexity
 from ..quant.perplexity import token_windows
 from ..quant import smoothquant as SQ
 from .contracts import (ContractError, attempts, call_on_copies, check_int, check_own_function, check_real,
-                        check_tensor, close, diagnose)
+                        check_tensor, close, diagnose, is_grader_error)
 from .tables import Contract, Edit, Fault, check_tables
 
 __all__ = ["check_quantize_symmetric", "check_quantize_asymmetric", "check_int4_nbytes", "check_pack_int4",
@@ -394,8 +394,9 @@ def check_int4_nbytes(fn: Callable, seed: int = 0, cases: int = 6) -> None:
     storage of an int4 matrix (``docs/quantization.md#packed-byte-count``): out * ceil(in / 2) packed bytes
     (each row packed on its own), plus out * (in / group_size) scales of ``scale_bytes`` each, plus
     as many zero points of the same width when ``zero_point``. Case 0: the 96-weight fixture (4 x 24,
-    group 4, float32 scales: 144 B); case 1 SmolLM2's down_proj at int4 g64 fp16 + zero point; case 2
-    has an odd in_features (7 x 15, group 5); the rest are drawn, odd in_features included."""
+    group 4, float32 scales: 144 B); case 1 SmolLM2's down_proj at int4 g64 fp16 + zero point; cases
+    2 and 3 have odd in_features, 15 and 13 (in / 2 ends in .5 with an odd and an even whole part, so
+    Python's round-half-to-even gets one of them wrong); the rest are drawn, odd in_features included."""
     check_own_function("int4_nbytes", fn)
     rng = random.Random(seed)
     for case in range(cases):
@@ -405,6 +406,8 @@ def check_int4_nbytes(fn: Callable, seed: int = 0, cases: int = 6) -> None:
             out_f, in_f, group, scale_bytes, zero_point = 576, 1536, 64, 2, True
         elif case == 2:
             out_f, in_f, group, scale_bytes, zero_point = 7, 15, 5, 2, False
+        elif case == 3:
+            out_f, in_f, group, scale_bytes, zero_point = 3, 13, 13, 2, True
         else:
             group = rng.choice([1, 3, 5, 16, 32, 64, 128])
             out_f, in_f = rng.randint(1, 4096), group * rng.randint(1, 40)
@@ -454,7 +457,8 @@ def check_pack_int4(pack: Callable, unpack: Callable, seed: int = 0, cases: int 
     byte for byte to the course layout (``docs/quantization.md#int4-packing``): element 2j in the low nibble
     of byte j, element 2j+1 in the high nibble, each code as a two's complement nibble (code & 0xF),
     a final high nibble of 0 when n is odd; unpack(packed, n) returns the int8 codes back, for all 16
-    codes. Case 0 holds all 256 (low, high) pairs; the rest are random 1-D to 3-D tensors, odd n
+    codes. Case 0 holds all 256 (low, high) pairs; case 1 is a (3, 7) tensor (odd n: a padded high
+    nibble, and an unpack that must stop at n); the rest are random 1-D to 3-D tensors, odd n
     included."""
     check_own_function("pack_int4", pack)
     check_own_function("unpack_int4", unpack)
@@ -465,7 +469,7 @@ def check_pack_int4(pack: Callable, unpack: Callable, seed: int = 0, cases: int 
             values = torch.arange(-8, 8, dtype=torch.int8)
             codes = torch.stack(torch.meshgrid(values, values, indexing="ij"), dim=-1).reshape(-1)
         else:
-            shape = [rng.randint(1, 5) for _ in range(rng.randint(0, 2))] + [rng.randint(1, 41)]
+            shape = [3, 7] if case == 1 else [rng.randint(1, 5) for _ in range(rng.randint(0, 2))] + [rng.randint(1, 41)]
             codes = torch.randint(-8, 8, shape, generator=gen, dtype=torch.int8)
         n = codes.shape[-1]
         what = f"pack_int4(case {case}: codes of shape {tuple(codes.shape)})"
@@ -505,7 +509,8 @@ def check_split_windows(fn: Callable, seed: int = 0, cases: int = 4) -> None:
     calibration windows the next consecutive windows after them, so no token position is in both
     (``docs/quantization.md#perplexity``). Even cases draw distinct token ids, odd cases ids from a
     small vocabulary (repeats, as in real text); the windows must equal the reference's exactly, and
-    a failure says where each window was cut."""
+    a failure says where each window was cut. Finally, ids too short for the windows asked for must
+    raise ValueError (``_check_too_short``), not return fewer windows."""
     check_own_function("split_windows", fn)
     rng = random.Random(seed)
     for case in range(cases):
@@ -536,6 +541,27 @@ def check_split_windows(fn: Callable, seed: int = 0, cases: int = 4) -> None:
                             f"{[i * window for i in range(n_eval)]} and "
                             f"{[(n_eval + i) * window for i in range(n_calib)]} (evaluation windows are "
                             "consecutive from token 0, calibration windows follow them)")
+    _check_too_short(fn)
+
+
+def _check_too_short(fn: Callable) -> None:
+    """split_windows on 10 tokens asked for 3 windows of 4 must raise ValueError: 12 tokens are needed,
+    and fewer windows would silently shrink what the perplexity is measured on."""
+    what = "split_windows(10 tokens, window=4, n_eval=2, n_calib=1)"
+    try:
+        result = fn(torch.arange(10), 4, 2, 1)
+    except ValueError:
+        return
+    except (ContractError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        if is_grader_error(exc):
+            raise
+        raise ContractError(f"{what} must raise ValueError (12 tokens are needed), raised {type(exc).__name__}: "
+                            f"{exc}") from None
+    shapes = [tuple(t.shape) for t in result] if isinstance(result, tuple) else type(result).__qualname__
+    raise ContractError(f"{what} returned {shapes} instead of raising ValueError: 12 tokens are needed, and "
+                        "windows quietly dropped would change what the perplexity is measured on")
 
 
 # -- exercise 6: perplexity -------------------------------------------------------------------

@@ -42,6 +42,7 @@ Q8_0         fp16 ``d``, 32 int8                              34 B     8.5
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Iterable
 
@@ -225,7 +226,7 @@ def dequantize_ggml(data, kind: str, shape) -> torch.Tensor:
     kind = _kind(kind)
     raw = _raw_bytes(data)
     shape = _shape(shape)
-    numel = int(np.prod(shape, dtype=np.int64))
+    numel = math.prod(shape)              # Python ints: np.prod would wrap around past 2**63
     if kind in _FLOAT_KINDS:
         dtype = np.float32 if kind == "F32" else np.float16
         width = np.dtype(dtype).itemsize

@@ -427,7 +427,7 @@ def sample_speculative(target: MarkovLM, draft: MarkovLM, prompt, n_tokens: int,
     P = len(prompt)
     goal = P + n_tokens
     capacity = goal + gamma  # the longest a row gets: L <= goal - 1, plus k + 1 <= gamma + 1
-    fits_memory("n_samples", n_samples, 3 * 8 * n_samples * capacity,
+    fits_memory("(n_samples, prompt + n_tokens + gamma)", (n_samples, capacity), 3 * 8 * n_samples * capacity,
                 what=f"the emitted tokens and both models' token caches, int64 (n_samples, {capacity})")
     sequences = torch.zeros(n_samples, capacity, dtype=torch.int64)
     sequences[:, :P] = torch.tensor(prompt)

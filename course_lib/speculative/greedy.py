@@ -137,6 +137,9 @@ def _checked_proposals(draft: Draft, proposals, gamma: int, vocab_size: int) -> 
     """What a draft's ``propose`` returned (user code: checked before the target runs): at most
     ``gamma`` int ids in the target's vocabulary, as a list of Python ints."""
     name = f"draft {type(draft).__name__}.propose(tokens, {gamma})"
+    if isinstance(proposals, (list, tuple)):   # ids from logits.argmax() are 0-d integer tensors: take their values
+        proposals = [int(p) if isinstance(p, torch.Tensor) and p.dim() == 0 and not p.is_floating_point()
+                     and p.dtype != torch.bool and not p.is_meta else p for p in proposals]
     proposals = token_ids(name, proposals, vocab_size=vocab_size)
     if len(proposals) > gamma:
         raise ValueError(f"{name} must return at most gamma = {gamma} tokens, got {len(proposals)}")

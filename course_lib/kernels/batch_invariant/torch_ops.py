@@ -84,8 +84,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, tile: int = ROW_TILE) -> torch
     lead, K = x.shape[:-1], x.shape[-1]
     M = math.prod(lead)
     padded = math.ceil(M / tile) * tile
-    fits_memory("tile", tile, 4 * padded * (K + weight.shape[0]), device=x.device,
-                what=f"{padded} float32 rows padded to whole tiles and their products")
+    fits_memory("(rows of x padded to whole tiles, K, N)", (padded, K, weight.shape[0]),
+                4 * padded * (K + weight.shape[0]), device=x.device, what=f"float32 rows in tiles of {tile} and their products")
     rows = x.reshape(-1, K).to(torch.float32)
     w = weight.to(torch.float32)
     if padded != M:
@@ -160,7 +160,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     Raises:
         ArgumentTypeError: non-tensor or non-floating inputs, an eps that is not a number (a str, a
             tensor). ValueError: weight not (D,), on another device than x; eps not finite and > 0 (0
-            gives NaN rows for x = 0, a negative eps NaN wherever mean(x^2) < -eps).
+            gives NaN rows for x = 0, a negative eps NaN wherever mean(x^2) < -eps; an eps below
+            float32's smallest value, about 1.4e-45, still rounds to 0).
     """
     _floating("x", x), _floating("weight", weight)
     eps = positive_number("eps", eps, note="added to mean(x^2) under the square root")
