@@ -331,7 +331,7 @@ def memory_bytes(device: Any = "cpu") -> int | None:
 
     import torch
 
-    device = torch.get_default_device() if device is None else torch.device(device)
+    device = _device(device)
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory)
     try:
@@ -356,8 +356,13 @@ def fits_memory(name: str, value: Any, nbytes: int, *, device: Any = "cpu", what
                          f"{_device_text(device)}")
 
 
-def _device_text(device: Any) -> str:
+def _device(device: Any):
+    """DEVICE as a torch.device; None is torch's default device (as in ``torch.zeros(device=None)``)."""
     import torch
 
-    device = torch.get_default_device() if device is None else torch.device(device)
+    return torch.get_default_device() if device is None else torch.device(device)
+
+
+def _device_text(device: Any) -> str:
+    device = _device(device)
     return f"of the GPU {device}" if device.type == "cuda" else "of this machine (cpu)"

@@ -30,10 +30,10 @@ from typing import Callable, Sequence as Seq
 import torch
 
 from ..models.config import weight_bytes
-from ..models.decoder import Decoder
+from ..models.decoder import Decoder, state_with_data
 from ..scheduling.step import CHUNK_BUDGET, RequestTooLargeError, admit_limit
 from ..scheduling.workload import RequestRecord
-from ..validation import (ArgumentTypeError, boolean, fits_memory, instance, integer, materialized, number,
+from ..validation import (ArgumentTypeError, boolean, fits_memory, instance, integer, number,
                           positive_integer, token_ids)
 from .block_manager import BlockManager
 from .runner import ChunkInput, ModelRunner
@@ -120,19 +120,18 @@ class Engine:
                  max_running: int = MAX_RUNNING, *, keep_logits: bool = False, audit: bool = False,
                  timer: Callable[[], float] = time.perf_counter, decode_attention: Callable | None = None) -> None:
         self.model = instance("model", model, Decoder)
-        for pname, param in model.named_parameters():
-            materialized(f"the model's {pname}", param, note="load or move the model first")
+        state_with_data(model, "the model's ")
         block_size = positive_integer("block_size", block_size)
         max_running = positive_integer("max_running", max_running)
         num_blocks = integer("num_blocks", num_blocks, minimum=max_running + 1,
                              note="more blocks than max_running: each running sequence may leave one block "
                                   "partly empty")
         c = model.config
+        weight = model.embed_tokens.weight
         fits_memory("(num_blocks, block_size)", (num_blocks, block_size),
-                    2 * c.n_layers * num_blocks * block_size * c.n_kv_heads * c.head_dim * model.embed_tokens.weight.element_size(),
-                    device=model.embed_tokens.weight.device,
-                    what=f"the K/V blocks of {c.n_layers} layers (2 * n_layers * num_blocks * block_size * n_kv_heads * "
-                         "head_dim * element size)")
+                    num_blocks * block_size * c.kv_bytes_per_token(weight.element_size()), device=weight.device,
+                    what=f"the K/V blocks of {c.n_layers} layers (num_blocks * block_size * the config's "
+                         "kv_bytes_per_token)")
         if decode_attention is not None and not callable(decode_attention):
             raise ArgumentTypeError(f"decode_attention must be None or a callable with the arguments of "
                                     f"paged_decode_attention_unchecked, got {type(decode_attention).__qualname__}")

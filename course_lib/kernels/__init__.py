@@ -28,6 +28,7 @@ must use the PyTorch reference, and the one-line notice that says why).
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 from types import ModuleType
@@ -164,9 +165,7 @@ def check_tile(what: str, **sizes: int) -> None:
     Raises:
         ValueError: naming the sizes, the tile's elements and the limit.
     """
-    elements = 1
-    for value in sizes.values():
-        elements *= value
+    elements = math.prod(sizes.values())
     if elements > MAX_TILE_ELEMENTS:
         given = " x ".join(f"{name} {value}" for name, value in sizes.items())
         raise ValueError(f"{what}: a tile of {given} holds {elements:,} elements, more than the {MAX_TILE_ELEMENTS:,} "

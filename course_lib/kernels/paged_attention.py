@@ -427,12 +427,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if q.dtype not in SUPPORTED_DTYPES:
         raise ArgumentTypeError(f"paged_decode_attention runs float32, bfloat16 and float16, got {q.dtype} "
                                 "(reference_paged_decode_attention takes any floating dtype)")
-    if block_n is not None:
-        block_n = power_of_two("block_n", block_n, note="tl.arange needs one")
     B, Hq, D = q.shape
     group_p, dim_p = _next_power_of_two(Hq // k_cache.shape[2]), _next_power_of_two(D)
-    check_tile("paged_decode_attention", group=group_p,
-               block_n=block_n if block_n is not None else _default_block_n(group_p, dim_p), head_dim=dim_p)
+    if block_n is None:
+        block_n = _default_block_n(group_p, dim_p)
+    else:
+        block_n = power_of_two("block_n", block_n, note="tl.arange needs one")
+    check_tile("paged_decode_attention", group=group_p, block_n=block_n, head_dim=dim_p)
     if num_splits is not None:
         num_splits = positive_integer("num_splits", num_splits)
     if q.numel() == 0:  # no sequence (or no head): nothing to read

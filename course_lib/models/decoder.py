@@ -115,6 +115,17 @@ def _weight_with_data(model: "Decoder") -> torch.Tensor:
                         note="a model built on the meta device needs its weights loaded")
 
 
+def state_with_data(model: "Decoder", prefix: str) -> dict[str, torch.Tensor]:
+    """``model.state_dict()``, every tensor refused on the meta device, named ``prefix`` + its key
+    (a model partly on meta would otherwise compute with uninitialised memory).
+
+    Raises: ValueError naming the first tensor on the meta device (``validation.materialized``)."""
+    state = model.state_dict()
+    for name, tensor in state.items():
+        materialized(f"{prefix}{name}", tensor, note="load or move the model first")
+    return state
+
+
 def check_attention_mask(attention_mask, B: int, S: int) -> torch.Tensor:
     """A left-padded attention mask, as a (B, S) bool tensor (True = a real token).
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..cache.contiguous import KVCache
-from ..models.decoder import Decoder
+from ..models.decoder import Decoder, state_with_data
 from ..validation import ArgumentTypeError, instance, integer, nonnegative_integer, positive_integer, token_ids
 
 __all__ = ["Draft", "ModelDraft", "PromptLookupDraft", "truncated_draft", "check_same_vocabulary", "noisy_copy"]
@@ -262,14 +262,12 @@ def noisy_copy(model: Decoder, scale: float, seed: int = 0) -> Decoder:
     Raises: ArgumentTypeError / ValueError for a model that is not a Decoder or has a weight on the meta
         device (named), a negative scale, a non-int seed.
     """
-    from ..validation import materialized, nonnegative_number
+    from ..validation import nonnegative_number
 
     instance("model", model, Decoder)
     scale = nonnegative_number("scale", scale)
     gen = torch.Generator().manual_seed(integer("seed", seed))
-    state = model.state_dict()
-    for name, tensor in state.items():
-        materialized(f"model.{name}", tensor)
+    state = state_with_data(model, "model.")
     draft = Decoder(model.config)
     draft.load_state_dict(state)
     with torch.no_grad():
