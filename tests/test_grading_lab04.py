@@ -262,3 +262,15 @@ def test_split_windows_must_refuse_a_text_too_short():
 
     with pytest.raises(ContractError, match=r"returned \[\(2, 4\), \(0, 4\)\] instead of raising ValueError"):
         lab04.check_split_windows(unfolded, seed=0)
+
+
+def test_split_windows_must_accept_exactly_enough_tokens_and_a_rounded_down_stream_is_named():
+    namespace = solutions.solution_namespace(LAB, (Edit("split_windows", "if ids.numel() < needed:",
+                                                        "if ids.numel() <= needed:"),))
+    for seed in range(3):
+        with pytest.raises(ContractError, match="raised ValueError"):
+            lab04.check_split_windows(namespace["split_windows"], seed=seed)
+    floor = solutions.solution_namespace(LAB, (Edit("int4_nbytes", "payload = out_features * math.ceil(in_features / 2)",
+                                                    "payload = out_features * in_features // 2"),))
+    with pytest.raises(ContractError, match=r"one stream and rounded down \(\(out \* in\) // 2\)"):
+        lab04.check_int4_nbytes(floor["int4_nbytes"], seed=0)

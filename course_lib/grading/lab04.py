@@ -386,6 +386,9 @@ def _bytes_variants(out_f, in_f, group, scale_bytes, zero_point) -> dict[str, in
         "alone in a byte": out_f * (in_f // 2) + n_scales * scale_bytes + zeros,
         "the whole matrix packed as one stream (ceil(out * in / 2)) instead of each row on its own":
             math.ceil(out_f * in_f / 2) + n_scales * scale_bytes + zeros,
+        "the whole matrix counted as one stream and rounded down ((out * in) // 2): each row is packed on "
+        "its own, an odd row's last code alone in a byte, so out * ceil(in / 2)":
+            out_f * in_f // 2 + n_scales * scale_bytes + zeros,
     }
 
 
@@ -509,14 +512,15 @@ def check_split_windows(fn: Callable, seed: int = 0, cases: int = 4) -> None:
     calibration windows the next consecutive windows after them, so no token position is in both
     (``docs/quantization.md#perplexity``). Even cases draw distinct token ids, odd cases ids from a
     small vocabulary (repeats, as in real text); the windows must equal the reference's exactly, and
-    a failure says where each window was cut. Finally, ids too short for the windows asked for must
+    a failure says where each window was cut. Case 1 has exactly the tokens the windows need (enough:
+    no ValueError). Finally, ids too short for the windows asked for must
     raise ValueError (``_check_too_short``), not return fewer windows."""
     check_own_function("split_windows", fn)
     rng = random.Random(seed)
     for case in range(cases):
         window, n_eval, n_calib = (512, 8, 4) if case == 0 else (rng.randint(2, 64), rng.randint(1, 8),
                                                                  rng.randint(1, 8))
-        n = (n_eval + n_calib) * window + rng.randint(0, 3 * window)
+        n = (n_eval + n_calib) * window + (0 if case == 1 else rng.randint(0, 3 * window))
         gen = torch.Generator().manual_seed(rng.getrandbits(31))
         ids = torch.randperm(n, generator=gen) if case % 2 == 0 else torch.randint(0, 50, (n,), generator=gen)
         what = f"split_windows(case {case}: {ids.numel()} tokens, window={window}, n_eval={n_eval}, n_calib={n_calib})"
