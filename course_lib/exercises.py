@@ -312,7 +312,10 @@ def is_unsolved_stub(function: Any) -> bool:
     nbgrader's release puts in place of a solution (``raise NotImplementedError()``, the stub
     ``autograder/course_grader/config.py`` sets). Decorators that keep ``__wrapped__``
     (``functools.wraps``, ``torch.no_grad()``) are looked through. Anything without Python code
-    (a builtin, a class instance) is not a stub."""
+    (a builtin, a class instance) is not a stub. A ``@triton.jit`` kernel (triton's ``JITFunction``
+    or ``InterpretedFunction``) is judged by the function it wraps (its ``fn``)."""
+    if type(function).__name__ in ("JITFunction", "InterpretedFunction"):
+        function = getattr(function, "fn", None)
     try:
         code = inspect.unwrap(function).__code__
     except (AttributeError, ValueError):   # no __code__, or a __wrapped__ cycle

@@ -438,7 +438,9 @@ class KernelSession:
         ``contract`` (``course_lib.grading.tables.Contract``; None: nothing written back, no probes):
         mirror the in-place changes its ``writes`` allow, replay its ``probes``, and return the
         strictly decoded result. With ``watch`` (``provenance.watch_spec``) the kernel also says
-        which of those references' code ran; that is appended to ``observations``.
+        which of those references' code ran; that is appended to ``observations``. A kernel
+        exercise's contract (its ``launcher``) makes the kernel launch ``name`` through the course's
+        launcher of that exercise (``course_lib.kernels.exercise.LAUNCHERS``) instead of calling it.
 
         Raises: LearnerRaised (the function raised), LearnerFault (missing, timeout, input asked,
         result that cannot come back), JudgeError (kernel died/wedged, protocol)."""
@@ -448,9 +450,10 @@ class KernelSession:
         arg_nodes = [encoder.encode(a) for a in args]
         kw_nodes = [[k, encoder.encode(v)] for k, v in kwargs.items()]
         probes = remote.probe_request(encoder.objects, contract.probes if contract is not None else ())
+        launcher = contract.launcher if contract is not None else ""
         request = {"op": "call", "fn": name, "args": arg_nodes, "kwargs": kw_nodes, "objects": encoder.table,
                    "grad": bool(torch.is_grad_enabled()), "threads": torch.get_num_threads(), "probes": probes,
-                   **({"watch": watch} if watch else {})}
+                   **({"watch": watch} if watch else {}), **({"via": launcher} if launcher else {})}
         self.calls += 1
         try:
             answer = self._exchange(request, deadline, name, encoder.callbacks, encoder.objects)
@@ -529,11 +532,13 @@ def _refs(node) -> list[int]:
 class RemoteFunction:
     """Stands in, judge-side, for a learner function in the kernel. ``__module__``/``__qualname__``
     are what the kernel reported (so ``check_own_function`` refuses course_lib's own reference as
-    it would in-process)."""
+    it would in-process). For a kernel exercise, ``launches`` names the exercise whose launcher its
+    calls go through (``course_lib.kernels.exercise.launcher`` returns it as it is)."""
 
     def __init__(self, session: KernelSession, name: str, info: dict, deadline: Callable[[], float],
                  contract=None, watch: list | None = None):
         self._session, self._deadline, self._contract, self._watch = session, deadline, contract, watch
+        self.launches = (contract.launcher if contract is not None else "") or None
         self.__name__ = name
         self.__qualname__ = info.get("qualname") or name
         self.__module__ = info.get("module") or ""

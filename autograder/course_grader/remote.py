@@ -50,6 +50,7 @@ import base64
 import binascii
 import builtins
 import contextlib
+import functools
 import getpass
 import json
 import math
@@ -837,11 +838,20 @@ def answer_call(ns: dict, request: dict, ask) -> dict:
     that runs its calls on several threads, as Lab 6's does, gets them in the kernel too) and
     return the reply message: "returned" (with the encoded value), "raised",
     "missing", "undecodable" or "unencodable", with the changed argument state (``state``), the
-    probed forward calls (``probed``) and, when the request has ``watch``, which references ran."""
+    probed forward calls (``probed``) and, when the request has ``watch``, which references ran.
+    With ``via`` (a key of ``course_lib.kernels.exercise.LAUNCHERS``) the function is a learner's
+    kernel, launched through that launcher on the arguments."""
     name = request.get("fn")
     if type(name) is not str or name not in ns:
         return {"op": "missing", "name": str(name)[:100]}
     fn = ns[name]
+    via = request.get("via")
+    if via is not None:         # a kernel exercise: launch the learner's kernel through the course's launcher
+        from course_lib.kernels.exercise import LAUNCHERS
+
+        if type(via) is not str or via not in LAUNCHERS:
+            return {"op": "undecodable", "message": f"no kernel launcher {str(via)[:40]!r}"}
+        fn = functools.partial(LAUNCHERS[via], fn)
     call: dict = {"known": {}, "ended": False}     # what the call's callbacks need
     try:
         decoder = CallDecoder(request.get("objects"), lambda cid: _callback(cid, ask, call))

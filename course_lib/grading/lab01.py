@@ -23,6 +23,8 @@ peak_flops in FLOP/s; the checkers pass the arguments after ``*`` by keyword):
     gemm_intensity(m, n, batch, bytes_per_element) -> float FLOP/byte
     requests_that_fit(config, device, *, weight_bytes, prompt_tokens, output_tokens, overhead_gb,
                       kv_bytes_per_value) -> int
+    gemv_kernel: a @triton.jit kernel (w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M, BLOCK_N),
+                 launched by course_lib.kernels.exercise.launch_gemv
 """
 from __future__ import annotations
 
@@ -30,16 +32,21 @@ import math
 import random
 from typing import Callable
 
+import torch
+
 from .. import roofline as ref
 from ..hardware import Device
+from ..kernels.gemv import reference_gemv
 from ..models.config import ModelConfig
 from .contracts import (ContractError, attempts, check_bytes, check_int, check_own_function, check_real,
-                        check_significant, close, diagnose, significant_tolerance)
+                        check_significant, check_tensor, close, diagnose, significant_tolerance,
+                        with_diagnosis)
+from .kernel_checks import launch_case
 from .tables import Contract, Edit, Fault, check_tables
 
 __all__ = ["random_config", "random_device", "kv_terms", "check_parameter_count", "check_kv_bytes_per_token",
            "check_prefill_time", "check_decode_step_bound", "check_gemv_intensity", "check_gemm_intensity",
-           "check_requests_that_fit"]
+           "check_requests_that_fit", "check_gemv_kernel", "gemv_kernel_cases", "GEMV_BLOCKS"]
 
 FIGURES = 4  # "times to 4 significant figures"
 GIB = 2 ** 30
@@ -426,6 +433,112 @@ def check_requests_that_fit(fn: Callable, seed: int = 0, cases: int = 6) -> None
         }, _same_int)
 
 
+# -- exercise 7: the GEMV kernel (section 10) -------------------------------------------------
+#: (BLOCK_M, BLOCK_N) pairs the checker launches with: the kernel must work for any of them.
+GEMV_BLOCKS = ((4, 16), (8, 32), (2, 8), (16, 16), (4, 64), (1, 32))
+
+
+def gemv_kernel_cases(rng: random.Random, cases: int) -> list[tuple[int, int, int, int, torch.dtype]]:
+    """(M, N, block_m, block_n, dtype) per case. Case 0: rows and columns both ragged (not block
+    multiples) over at least three column tiles, float32; case 1: one row, bfloat16; case 2: one
+    column; case 3: both sizes exact block multiples, bfloat16; then random, mostly ragged. Sizes
+    stay small: the interpreter runs every program in Python."""
+    drawn = []
+    for case in range(cases):
+        bm, bn = GEMV_BLOCKS[rng.randrange(len(GEMV_BLOCKS))]
+        dtype = torch.bfloat16 if case in (1, 3) or (case > 3 and rng.random() < 0.5) else torch.float32
+        if case == 0:
+            bm, bn = max(bm, 2), min(bn, 16)
+            m, n = bm * rng.randint(1, 3) + rng.randint(1, bm - 1), bn * rng.randint(2, 3) + rng.randint(1, bn - 1)
+        elif case == 1:
+            m, n = 1, rng.randint(bn + 1, 3 * bn)
+        elif case == 2:
+            m, n = rng.randint(2, 20), 1
+        elif case == 3:
+            m, n = bm * rng.randint(1, 3), bn * rng.randint(1, 3)
+        else:
+            m, n = rng.randint(1, 24), rng.randint(1, 80)
+        drawn.append((m, n, bm, bn, dtype))
+    return drawn
+
+
+def _gemv_stray(n_rows: int, n_cols: int) -> Callable[[dict], str]:
+    """The diagnosis of a GEMV kernel's stray access (``kernel_checks.launch_case``'s name_stray)."""
+    def name(v: dict) -> str:
+        tensor, index, steps, row_stride = v["tensor"], v["index"], v.get("steps") or [], v["strides"][0]
+        if tensor == "W" and v["op"] == "load":
+            if len(steps) == 2 and steps[0] not in (None, row_stride) and steps[1] == 1:
+                return (f"the rows of W were addressed {steps[0]} elements apart, but row r of W starts at "
+                        f"r * stride_wm = r * {row_stride}: use stride_wm, not N")
+            if index[0] >= n_rows or index[0] < 0:
+                return (f"the row mask is left out of W's load: the last program's rows go past row {n_rows - 1} "
+                        "(mask the rows with rows < M)")
+            if index[1] >= n_cols:
+                return (f"the tail mask is left out of W's load: the last column tile goes past column {n_cols - 1} "
+                        "(mask the columns with cols < N)")
+        if tensor == "x" and v["op"] == "load" and index[0] >= n_cols:
+            return (f"the tail mask is left out of x's load: the last column tile goes past element {n_cols - 1} "
+                    "(mask it with cols < N)")
+        if tensor == "y" and v["op"] == "store" and index[0] >= n_rows:
+            return (f"the row mask is left out of the store: the last program writes past y[{n_rows - 1}] "
+                    "(store with mask=rows < M)")
+        if not v["inside_buffer"]:
+            return ("an address far from every tensor: an offset is wrong (row r, column c of W is "
+                    "w_ptr + r * stride_wm + c; element c of x is x_ptr + c)")
+        return ""
+    return name
+
+
+def check_gemv_kernel(kernel, seed: int = 0, cases: int = 4) -> None:
+    """Contract: the learner's ``@triton.jit`` kernel computes y = W x, launched by the course
+    (``course_lib.kernels.exercise.launch_gemv``: the grid, the allocation, BLOCK_M and BLOCK_N,
+    drawn from ``GEMV_BLOCKS``) under Triton's interpreter on shapes that are not block multiples,
+    one row, one column and exact multiples, float32 and bfloat16 inputs:
+
+    - every lane it loads or stores addresses an element of W, x or y (W sits in a buffer whose
+      rows are wider than N, so a missing column mask shows on every row);
+    - y equals ``reference_gemv`` (float32 products and sums) within float32 rounding:
+      |y - W x| <= 4 N 2^-24 sum_j |W_ij x_j| + 1e-30 per row.
+    A plain function in the kernel's place is refused: the exercise is the kernel."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for case, (m, n, bm, bn, dtype) in enumerate(gemv_kernel_cases(rng, cases)):
+        W = torch.randn(m, n, generator=gen).to(dtype)
+        x = torch.randn(n, generator=gen).to(dtype)
+        what = f"gemv_kernel(case {case}: W {m} x {n} {str(dtype).replace('torch.', '')}, BLOCK_M {bm}, BLOCK_N {bn})"
+        y = launch_case(kernel, "gemv", what, _gemv_stray(m, n), W, x, block_m=bm, block_n=bn)
+        y = check_tensor(f"{what}: y", y, shape=(m,), dtype=torch.float32, allow_nan=True)
+        unwritten = torch.isnan(y).nonzero().flatten().tolist()
+        if unwritten:
+            raise ContractError(f"{what}: y[{', '.join(map(str, unwritten[:8]))}] never stored ({len(unwritten)} of {m} "
+                                "rows still hold the NaN the launcher filled y with), or computed from a NaN")
+        Wf, xf = W.float(), x.float()
+        expected = reference_gemv(W, x)
+        bound = 4 * max(n, 1) * 2.0 ** -24 * (Wf.abs() @ xf.abs()) + 1e-30
+        err = (y.double() - expected.double()).abs()
+        if bool((err <= bound).all()):
+            continue
+        row = int((err > bound).nonzero()[0, 0])
+        failure = ContractError(f"{what}: y[{row}] = {float(y[row]):.6g}, expected {float(expected[row]):.6g} "
+                                f"(|diff| {float(err[row]):.3g} > allowed {float(bound[row]):.3g}); "
+                                f"{int((err > bound).sum())} of {m} rows over")
+        if dtype == torch.bfloat16:
+            y32 = launch_case(kernel, "gemv", what, _gemv_stray(m, n), Wf, xf, block_m=bm, block_n=bn)
+            if bool(((y32.double() - expected.double()).abs() <= bound).all()):
+                raise with_diagnosis(failure, (
+                    "right for float32 inputs, wrong for bfloat16 ones: arithmetic on the bfloat16 values "
+                    "themselves. Convert what you load with .to(tl.float32) before multiplying (on a GPU the "
+                    "products would be rounded to bfloat16; Triton's interpreter does not compute them at all)"),
+                    likely=False)
+        tiles = [(n0, min(n0 + bn, n)) for n0 in range(0, n, bn)]
+        raise diagnose(failure, y, {
+            f"only the first column tile summed (columns 0-{tiles[0][1] - 1}): loop over every tile of BLOCK_N "
+            "columns": lambda: Wf[:, :tiles[0][1]] @ xf[:tiles[0][1]] if len(tiles) > 1 else None,
+            "the accumulator overwritten by each column tile (acc = ... instead of acc += ...): only the last tile "
+            "counts": lambda: Wf[:, tiles[-1][0]:] @ xf[tiles[-1][0]:] if len(tiles) > 1 else None,
+        }, lambda got, cand: bool(((got.double() - cand.double()).abs() <= bound).all()))
+
+
 # -- the lab's declared tables (see tables.py) -------------------------------------------------
 CONTRACTS = (
     Contract("test_count_parameters", check_parameter_count, ("count_parameters",),
@@ -445,6 +558,7 @@ CONTRACTS = (
              references=("course_lib.roofline.gemm_intensity",)),
     Contract("test_requests_that_fit", check_requests_that_fit, ("requests_that_fit",),
              references=("course_lib.roofline.requests_that_fit",)),
+    Contract("test_gemv_kernel", check_gemv_kernel, ("gemv_kernel",), launcher="gemv"),
 )
 
 # The notebook's functions call each other (prefill_time and decode_step_bound call
@@ -495,5 +609,23 @@ FAULTS = (
           {"test_count_parameters": "W_q and W_o sized d x d", "test_prefill_time": "W_q and W_o sized d x d",
            "test_decode_step_bound": "W_q and W_o sized d x d"},
           "sizes W_q and W_o as d x d, wrong when d != n_heads * head_dim"),
+    Fault("gemv_tail_mask_left_out",
+          (Edit("gemv_kernel", "mask=row_mask[:, None] & col_mask[None, :]", "mask=row_mask[:, None]"),),
+          {"test_gemv_kernel": "tail mask is left out of W's load"},
+          "loads W's last column tile without a column mask, reading past column N - 1"),
+    Fault("gemv_row_mask_left_out",
+          (Edit("gemv_kernel", "mask=row_mask[:, None] & col_mask[None, :]", "mask=col_mask[None, :]"),
+           Edit("gemv_kernel", "tl.store(y_ptr + rows, acc, mask=row_mask)", "tl.store(y_ptr + rows, acc)")),
+          {"test_gemv_kernel": "row mask is left out"},
+          "masks the columns but not the rows, so the last program reads and writes past row M - 1"),
+    Fault("gemv_accumulator_overwritten",
+          (Edit("gemv_kernel", "acc += tl.sum(", "acc = tl.sum("),),
+          {"test_gemv_kernel": r"accumulator overwritten"},
+          "assigns each column tile's sums to the accumulator instead of adding them"),
+    Fault("gemv_products_in_bfloat16",
+          (Edit("gemv_kernel", "tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)",
+                "tl.sum((w * xv[None, :]).to(tl.float32), axis=1)"),),
+          {"test_gemv_kernel": "wrong for bfloat16 ones"},
+          "multiplies bfloat16 inputs in bfloat16 and converts only the products to float32"),
 )
 check_tables(CONTRACTS, FAULTS)

@@ -138,6 +138,10 @@ class Contract:
             helpers the exercise may use (model configs, loaders, validation) are not listed.
         probes: submodules of the objects the checker passes whose forward calls it observes
             (``Probe``), which the judge mirrors from the learner's kernel.
+        launcher: for a kernel exercise, the key of ``course_lib.kernels.exercise.LAUNCHERS``
+            whose launcher runs the learner's ``@triton.jit`` function (its one function); the
+            judge's calls of it launch the kernel through that launcher in the learner's process
+            ("" for an exercise that is a plain function).
     """
 
     test: str
@@ -147,6 +151,7 @@ class Contract:
     objects: Mapping[str, tuple[str, str, dict]] = field(default_factory=dict)
     references: tuple[str, ...] = ()
     probes: tuple[Probe, ...] = ()
+    launcher: str = ""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.test, str) and self.test.startswith("test_")):
@@ -162,6 +167,14 @@ class Contract:
             raise TypeError(f"Contract.references must be a tuple of dotted course_lib names, got {self.references!r}")
         if type(self.probes) is not tuple or any(not isinstance(p, Probe) for p in self.probes):
             raise TypeError(f"Contract.probes must be a tuple of Probe, got {self.probes!r}")
+        if type(self.launcher) is not str:
+            raise TypeError(f"Contract.launcher must be a str, got {self.launcher!r}")
+        if self.launcher:
+            from ..kernels.exercise import LAUNCHERS
+
+            if self.launcher not in LAUNCHERS or len(self.functions) != 1:
+                raise ValueError(f"Contract {self.test}: launcher {self.launcher!r} must be one of "
+                                 f"{sorted(LAUNCHERS)}, for a contract of one function (the kernel)")
 
     def build_object(self, name: str):
         """A new copy of the notebook object NAME, built as ``objects`` says (``module.factory(**kwargs)``).

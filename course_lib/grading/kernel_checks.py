@@ -1,0 +1,73 @@
+"""What every kernel exercise's checker does with a launch: read the launcher's report.
+
+The launchers (``course_lib.kernels.exercise``) run a learner's ``@triton.jit`` kernel on guarded
+buffers and, under Triton's interpreter, trace its loads and stores. :func:`launch_case` launches
+one case and turns the report into the course's errors, in this order:
+
+1. the kernel raised: ``ExerciseNeeded`` for nbgrader's unsolved stub (``NotImplementedError``),
+   else a ``ContractError`` quoting the exception;
+2. a lane loaded or stored outside the launch's tensors: a ``ContractError`` naming the access
+   (load or store, tensor, element index, program) and, through the lab's ``name_stray`` function,
+   the mask or offset that is wrong;
+3. a write landed in an output's guard (a compiled launch, where nothing is traced);
+4. the kernel stored nothing at all.
+
+Only then does the checker compare values. A launch refused before it started (not a
+``@triton.jit`` function, course_lib's own kernel, no Triton here) raises from the launcher itself.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..exercises import ExerciseNeeded
+from ..kernels.exercise import launcher
+from .contracts import ContractError, with_diagnosis
+
+__all__ = ["launch_case", "stray_text"]
+
+
+def stray_text(violation: dict) -> str:
+    """One line for a report's ``violation``: which lane went where."""
+    op = "stored to" if violation["op"] == "store" else "loaded from"
+    where = "" if violation["inside_buffer"] else " (far outside the buffer it is nearest to)"
+    index = ", ".join(str(i) for i in violation["index"])
+    return (f"program {tuple(violation['program'])} {op} {violation['tensor']}[{index}], outside its shape "
+            f"{tuple(violation['shape'])}{where}: {violation['lanes']} lane(s) of that access addressed no element of "
+            "the kernel's tensors")
+
+
+def launch_case(kernel, exercise: str, case_text: str, name_stray: Callable[[dict], str], *args, **kwargs):
+    """Launch KERNEL as kernel exercise EXERCISE on ARGS/KWARGS; return its outputs (the launcher's
+    result without the report) after checking the report as the module docstring says.
+
+    Args:
+        case_text: the checker's description of the case (``gemv_kernel(case 0: W 13 x 37 ...)``),
+            the first words of every message.
+        name_stray: violation -> the diagnosis of a stray access (the mask or offset at fault), or "".
+
+    Raises:
+        ExerciseNeeded: the kernel still raises nbgrader's NotImplementedError.
+        ContractError: the kernel raised, strayed outside its tensors, wrote into a guard, or
+            stored nothing.
+    """
+    *outputs, report = launcher(kernel, exercise)(*args, **kwargs)
+    if type(report) is not dict:
+        raise ContractError(f"{case_text}: the launch returned no report")
+    error = report.get("error")
+    if error:
+        if str(error).startswith("NotImplementedError"):
+            raise ExerciseNeeded(f"`{report.get('kernel')}` is not written yet (it still raises NotImplementedError): "
+                                 "write its body in the exercise cell, run that cell, then rerun this check.",
+                                 unsolved=(str(report.get("kernel")),))
+        raise ContractError(f"{case_text}: your kernel raised {str(error)[:800]}")
+    violation = report.get("violation")
+    if violation:
+        diagnosis = name_stray(violation)
+        err = ContractError(f"{case_text}: {stray_text(violation)}")
+        raise with_diagnosis(err, diagnosis, likely=False) if diagnosis else err
+    if report.get("guard_writes"):
+        raise ContractError(f"{case_text}: your kernel wrote outside {', '.join(report['guard_writes'])} (the "
+                            "values around it changed): a store without the mask its last block needs")
+    if not any(report.get("stored", {}).values()) and report.get("traced"):
+        raise ContractError(f"{case_text}: your kernel stored nothing (no tl.store reached an output)")
+    return outputs[0] if len(outputs) == 1 else tuple(outputs)

@@ -1,0 +1,410 @@
+"""Kernels the learner writes: the course's launchers, and the checks every launch runs.
+
+A kernel exercise fixes a ``@triton.jit`` kernel's signature and leaves its body to the learner.
+The course supplies everything around it, as the Triton puzzles do: the allocation, the grid and
+the block sizes. :func:`launcher` returns the function that launches a learner's kernel for one
+exercise; the lab checkers (``course_lib.grading``) call it, in the notebook and in the grader's
+sandbox alike. Every launch
+
+1. accepts only a function decorated with ``@triton.jit`` outside ``course_lib`` (a PyTorch
+   function, or the course's own kernel, in its place is refused with a message saying so);
+2. places each tensor inside a larger buffer: inputs surrounded by poison (NaN for floats), outputs
+   by a sentinel that is checked after the launch, and 2-D tensors with a row stride wider than a
+   row, so that a column index past the last one lands in padding, never in the next row;
+3. under Triton's interpreter, traces every load and store: each lane its mask lets through must
+   address an element of one of the launch's tensors. The first lane that does not stops the
+   launch before the access, and the report names the tensor, the element index and whether it
+   was a load or a store (with the poison and the sentinel, this is what a compiled launch on a GPU
+   cannot do: there a stray read shows only as NaN in the output, a stray write as a changed
+   sentinel).
+
+A launcher returns its outputs and a report, all plain data (it crosses the grading judge's channel,
+``course_grader.remote``): ``kernel`` (its name), ``mode`` (``"interpreter"`` or ``"compiled"``),
+``traced`` (whether the address trace ran), ``grid``, ``loaded`` / ``stored`` (lanes per tensor),
+``violation`` (None, or the first stray lane's ``op``, ``tensor``, ``index`` (decoded with that tensor's
+strides, out of range), ``shape``, ``strides`` (in elements), ``lanes`` (how many lanes of that access strayed), ``program``,
+``inside_buffer`` and ``steps``: the element step along each axis of the access's block of
+addresses, so a row stride the kernel got wrong shows), ``guard_writes``
+(outputs whose sentinel changed) and ``error`` (None, or ``"Type: message"`` of what the kernel
+raised).
+
+Where triton does not import (macOS, Windows), :data:`triton` and :data:`tl` are stand-ins: a
+notebook's kernel cell still defines its kernel, and a launch raises :class:`TritonUnavailable`
+saying that the exercise needs Triton, so the rest of the lab runs.
+
+Sources: the masked-load and program-id model is Triton's (Tillet, Kung, Cox, "Triton: an
+intermediate language and compiler for tiled neural network computations", MAPL 2019); the
+interpreter's builder (``triton.runtime.interpreter.InterpreterBuilder``) is where loads and stores
+are traced; ``docs/kernels.md`` describes the exercises.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from types import FunctionType
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..validation import instance, power_of_two
+from . import check_tile, import_triton
+
+__all__ = ["triton", "tl", "TritonUnavailable", "NEEDS_TRITON", "launcher", "LAUNCHERS", "launch_gemv",
+           "is_triton_kernel", "GUARD_ROWS", "GUARD_COLUMNS", "SENTINEL"]
+
+#: Rows of poison above and below each guarded 2-D tensor, and elements before and after a 1-D one.
+GUARD_ROWS = 1
+#: Extra columns of poison at the end of each row of a guarded 2-D tensor (the row stride is wider).
+GUARD_COLUMNS = 3
+#: What surrounds an output: a value a kernel is very unlikely to compute.
+SENTINEL = -12345.0
+
+NEEDS_TRITON = ("this exercise needs Triton, which imports on Linux x86_64 only (Triton's interpreter runs it on "
+                "the CPU there); the rest of the lab runs without it")
+
+
+class TritonUnavailable(RuntimeError):
+    """A kernel exercise was launched where triton does not import."""
+
+
+class _MissingTritonLanguage:
+    """``tl`` where triton does not import: ``tl.constexpr`` exists (annotations read it when a
+    kernel is defined); anything else raises :class:`TritonUnavailable`."""
+
+    constexpr = "constexpr"
+
+    def __getattr__(self, name: str):
+        raise TritonUnavailable(f"triton.language.{name}: {NEEDS_TRITON}")
+
+
+class _KernelWithoutTriton:
+    """What ``triton.jit`` gives where triton does not import: the function, kept for its name."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+        functools.update_wrapper(self, fn)
+
+    def __getitem__(self, grid):
+        raise TritonUnavailable(f"{self.fn.__name__}: {NEEDS_TRITON}")
+
+
+class _MissingTriton:
+    """``triton`` where it does not import: ``triton.jit`` and ``triton.cdiv`` work; anything else raises."""
+
+    @staticmethod
+    def jit(fn=None, **kwargs):
+        return _KernelWithoutTriton(fn) if fn is not None else _KernelWithoutTriton
+
+    @staticmethod
+    def cdiv(a: int, b: int) -> int:
+        return -(-a // b)
+
+    def __getattr__(self, name: str):
+        raise TritonUnavailable(f"triton.{name}: {NEEDS_TRITON}")
+
+
+triton, tl = import_triton()
+if triton is None:
+    triton, tl = _MissingTriton(), _MissingTritonLanguage()
+
+
+def _kernel_types() -> tuple[type, ...]:
+    """The classes ``@triton.jit`` returns in this triton (compiled and interpreted); () without triton."""
+    if isinstance(triton, _MissingTriton):
+        return ()
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    return JITFunction, InterpretedFunction
+
+
+def is_triton_kernel(obj) -> bool:
+    """True when OBJ is exactly what ``@triton.jit`` returns (not a subclass, not a Python function)."""
+    return type(obj) in _kernel_types() and isinstance(getattr(obj, "fn", None), FunctionType)
+
+
+def _learner_kernel(kernel, name: str) -> bool:
+    """Check that KERNEL is the learner's ``@triton.jit`` function; return whether it was built for
+    the interpreter.
+
+    Raises:
+        TritonUnavailable: triton does not import here.
+        TypeError: KERNEL is not a ``@triton.jit`` function (a Python function, a lambda, ...).
+        ValueError: it is one of course_lib's own kernels, or it was compiled for a GPU and this
+            process has none.
+    """
+    if isinstance(kernel, _KernelWithoutTriton) or not _kernel_types():
+        raise TritonUnavailable(f"{name}: {NEEDS_TRITON}")
+    if not is_triton_kernel(kernel):
+        raise TypeError(f"{name} must be a function decorated with @triton.jit (the course launches it on a grid of "
+                        f"programs), got {type(kernel).__module__}.{type(kernel).__qualname__}: a kernel exercise "
+                        "is answered by a Triton kernel, not by a function that computes the result another way")
+    if str(getattr(kernel.fn, "__module__", "") or "").startswith("course_lib"):
+        raise ValueError(f"{name} is course_lib's kernel {kernel.fn.__module__}.{kernel.fn.__qualname__}; the "
+                         "exercise asks for your own")
+    interpreted = type(kernel).__name__ == "InterpretedFunction"
+    if not interpreted and not torch.cuda.is_available():
+        raise ValueError(f"{name} was compiled for a GPU, and there is none here: set TRITON_INTERPRET=1 before "
+                         "the cell that defines it runs (the lab's set-up cell does this), then run that cell again")
+    return interpreted
+
+
+# -- guarded buffers ------------------------------------------------------------------------------
+def _poison(dtype: torch.dtype) -> float | int:
+    """What surrounds an input: NaN for floating dtypes, the dtype's largest value for integers."""
+    return math.nan if dtype.is_floating_point else torch.iinfo(dtype).max
+
+
+def _guarded(shape: Sequence[int], dtype: torch.dtype, device, fill) -> tuple[torch.Tensor, torch.Tensor]:
+    """(view, buffer): a tensor of SHAPE inside a buffer filled with FILL, with GUARD_ROWS rows
+    (2-D) or elements (1-D) of it before and after, and GUARD_COLUMNS more at each row's end (2-D)."""
+    if len(shape) == 1:
+        buffer = torch.full((shape[0] + 2 * GUARD_ROWS,), fill, dtype=dtype, device=device)
+        return buffer[GUARD_ROWS:GUARD_ROWS + shape[0]], buffer
+    rows, cols = shape
+    buffer = torch.full((rows + 2 * GUARD_ROWS, cols + GUARD_COLUMNS), fill, dtype=dtype, device=device)
+    return buffer[GUARD_ROWS:GUARD_ROWS + rows, :cols], buffer
+
+
+def _guarded_input(t: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+    view, buffer = _guarded(tuple(t.shape), t.dtype, device, _poison(t.dtype))
+    view.copy_(t)
+    return view, buffer
+
+
+def _guard_changed(view: torch.Tensor, buffer: torch.Tensor) -> bool:
+    """Whether anything outside VIEW in BUFFER (filled with SENTINEL) was written."""
+    outside = torch.ones(buffer.shape, dtype=torch.bool, device=buffer.device)
+    if view.dim() == 1:
+        outside[GUARD_ROWS:GUARD_ROWS + view.shape[0]] = False
+    else:
+        outside[GUARD_ROWS:GUARD_ROWS + view.shape[0], :view.shape[1]] = False
+    return not bool((buffer[outside] == SENTINEL).all())
+
+
+# -- the address trace ----------------------------------------------------------------------------
+class _OutOfBounds(Exception):
+    """Raised inside the interpreter by a load or store that addresses no element of the launch's tensors."""
+
+
+class _Region:
+    """One tensor of a launch: its elements' byte addresses, and the buffer around it."""
+
+    def __init__(self, name: str, view: torch.Tensor, buffer: torch.Tensor) -> None:
+        self.name, self.shape, self.strides = name, tuple(view.shape), tuple(view.stride())
+        self.base, self.itemsize = view.data_ptr(), view.element_size()
+        self.low, self.high = buffer.data_ptr(), buffer.data_ptr() + buffer.numel() * buffer.element_size()
+        self.order = sorted(range(view.dim()), key=lambda d: -self.strides[d])
+
+    def index(self, addresses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(inside, index): which ADDRESSES (int64 bytes) are elements of this tensor, and the element
+        index each one decodes to (n, ndim), out of range for those that are not."""
+        offset = addresses - self.base
+        aligned = offset % self.itemsize == 0
+        rest = offset // self.itemsize
+        index = np.zeros((addresses.size, len(self.shape)), dtype=np.int64)
+        inside = aligned.copy()
+        for d in self.order:
+            stride = max(self.strides[d], 1)
+            index[:, d] = rest // stride
+            rest = rest - index[:, d] * stride
+            inside &= (index[:, d] >= 0) & (index[:, d] < self.shape[d])
+        return inside & (rest == 0), index
+
+    def near(self, address: int) -> int:
+        """Bytes from ADDRESS to this tensor's buffer (0 inside it)."""
+        return max(self.low - address, address - self.high + 1, 0)
+
+
+def _steps(addresses: np.ndarray, itemsize: int) -> list[int | None]:
+    """Per axis of a block of addresses, the step in elements between neighbours along it (None
+    where the steps differ, or the axis has one lane): a (BLOCK_M, BLOCK_N) block of W built with
+    row stride S shows [S, 1]."""
+    steps: list[int | None] = []
+    for axis in range(addresses.ndim):
+        diff = np.diff(addresses, axis=axis)
+        uniform = diff.size > 0 and bool((diff == diff.flat[0]).all()) and int(diff.flat[0]) % itemsize == 0
+        steps.append(int(diff.flat[0]) // itemsize if uniform else None)
+    return steps
+
+
+class _Trace:
+    """Checks every lane of the interpreter's loads and stores against the launch's tensors (the
+    methods ``InterpreterBuilder.create_masked_load`` / ``create_masked_store``, which every
+    ``tl.load`` / ``tl.store`` reaches, masked or not, are wrapped while it is active)."""
+
+    def __init__(self, regions: Sequence[_Region]) -> None:
+        self.regions = list(regions)
+        self.counts: dict[str, dict[str, int]] = {"load": {}, "store": {}}
+        self.violation: dict | None = None
+        self.active = False
+        self._saved: tuple | None = None
+
+    def _check(self, op: str, builder, ptrs, mask) -> None:
+        addresses = np.asarray(ptrs.data).astype(np.int64)
+        lanes = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
+        active = addresses[lanes].reshape(-1)
+        if active.size == 0:
+            return
+        claimed = np.zeros(active.size, dtype=bool)
+        for region in self.regions:
+            inside, _ = region.index(active)
+            hits = int(inside.sum())
+            if hits:
+                counts = self.counts[op]
+                counts[region.name] = counts.get(region.name, 0) + hits
+            claimed |= inside
+        if claimed.all():
+            return
+        stray = active[~claimed]
+        first = int(stray[0])
+        region = min(self.regions, key=lambda r: r.near(first))
+        _, index = region.index(np.array([first], dtype=np.int64))
+        self.violation = {"op": op, "tensor": region.name, "index": [int(i) for i in index[0]],
+                          "shape": list(region.shape), "strides": list(region.strides), "lanes": int(stray.size),
+                          "inside_buffer": region.near(first) == 0,
+                          "program": [int(i) for i in getattr(builder, "grid_idx", ())],
+                          "steps": _steps(np.asarray(ptrs.data).astype(np.int64), region.itemsize)}
+        raise _OutOfBounds(f"{op} outside the kernel's tensors")
+
+    def __enter__(self) -> "_Trace":
+        from triton.runtime import interpreter
+        from triton.runtime.jit import JITFunction
+
+        # triton.language's own @jit helpers (tl.sum, tl.max, ...) were built compiled when triton was
+        # imported before TRITON_INTERPRET was set; inside an interpreted launch they run interpreted too.
+        jit_call = JITFunction.__call__
+
+        def interpreted_call(jit_self, *args, **kwargs):
+            return interpreter.InterpretedFunction(jit_self.fn)(*args, **kwargs)
+
+        JITFunction.__call__ = interpreted_call
+        self._saved = (JITFunction, jit_call, None, None, None)
+        builder = getattr(interpreter, "InterpreterBuilder", None)
+        load = getattr(builder, "create_masked_load", None)
+        store = getattr(builder, "create_masked_store", None)
+        if load is None or store is None:
+            return self               # this triton's interpreter cannot be traced: the guards remain
+        trace = self
+
+        def traced_load(builder_self, ptrs, mask, *args, **kwargs):
+            trace._check("load", builder_self, ptrs, mask)
+            return load(builder_self, ptrs, mask, *args, **kwargs)
+
+        def traced_store(builder_self, ptrs, value, mask, *args, **kwargs):
+            trace._check("store", builder_self, ptrs, mask)
+            return store(builder_self, ptrs, value, mask, *args, **kwargs)
+
+        self._saved = (JITFunction, jit_call, builder, load, store)
+        builder.create_masked_load, builder.create_masked_store = traced_load, traced_store
+        self.active = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._saved is not None:
+            jit_function, jit_call, builder, load, store = self._saved
+            jit_function.__call__ = jit_call
+            if builder is not None:
+                builder.create_masked_load, builder.create_masked_store = load, store
+
+
+def _launch(kernel, name: str, interpreted: bool, grid: tuple[int, ...], args: Sequence,
+            constexprs: Mapping[str, int], inputs: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+            outputs: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """Launch KERNEL on GRID with ARGS (tensors are the guarded views of INPUTS and OUTPUTS, name ->
+    (view, buffer)) and the CONSTEXPRS as keywords; return the report (module docstring).
+    INTERPRETED: what ``_learner_kernel`` said of KERNEL."""
+    regions = [_Region(n, view, buffer) for n, (view, buffer) in {**inputs, **outputs}.items()]
+    trace = _Trace(regions)
+    report: dict = {"kernel": name, "mode": "interpreter" if interpreted else "compiled", "traced": False,
+                    "grid": list(grid), "loaded": {}, "stored": {}, "violation": None, "guard_writes": [],
+                    "error": None}
+    try:
+        if interpreted:
+            with trace:
+                report["traced"] = trace.active
+                kernel[grid](*args, **constexprs)
+        else:
+            kernel[grid](*args, **constexprs)
+            torch.cuda.synchronize()
+    except Exception as exc:
+        if trace.violation is None:
+            cause = exc.__cause__ if type(exc).__name__ == "InterpreterError" and exc.__cause__ is not None else exc
+            report["error"] = f"{type(cause).__name__}: {cause}"[:1500]
+    report["violation"] = trace.violation
+    report["loaded"], report["stored"] = trace.counts["load"], trace.counts["store"]
+    report["guard_writes"] = [n for n, (view, buffer) in outputs.items() if _guard_changed(view, buffer)]
+    return report
+
+
+def _device(interpreted: bool) -> str:
+    return "cpu" if interpreted else "cuda"
+
+
+# -- the exercises' launchers -----------------------------------------------------------------------
+def launch_gemv(kernel, W: torch.Tensor, x: torch.Tensor, *, block_m: int, block_n: int
+                ) -> tuple[torch.Tensor, dict]:
+    """Launch a learner's GEMV kernel: y = W x (Lab 1).
+
+    The kernel's signature: ``gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr)``; row ``r`` of W starts ``r * stride_wm`` elements after ``w_ptr`` and
+    its columns are contiguous; x is contiguous; the kernel writes the M float32 values of y.
+    The grid is ``(cdiv(M, BLOCK_M),)``: program ``i`` owns rows ``i * BLOCK_M`` to
+    ``i * BLOCK_M + BLOCK_M - 1``.
+
+    Args:
+        kernel: the learner's ``@triton.jit`` function.
+        W: (M, N) float32 or bfloat16; x: (N,), the same dtype. Copied into guarded buffers.
+        block_m, block_n: powers of two, the kernel's BLOCK_M and BLOCK_N.
+
+    Returns:
+        (y, report): y (M,) float32 on the CPU, NaN where the kernel stored nothing; the report as
+        the module docstring describes.
+
+    Raises:
+        TypeError / ValueError: as ``course_lib.kernels.gemv.reference_gemv`` for W and x; a block
+            that is not a power of two or too large a tile; KERNEL not a learner's @triton.jit
+            function. TritonUnavailable: triton does not import.
+    """
+    from .gemv import _check_inputs
+
+    M, N = _check_inputs(W, x)
+    block_m = power_of_two("block_m", block_m, note="tl.arange needs one")
+    block_n = power_of_two("block_n", block_n, note="tl.arange needs one")
+    check_tile("gemv_kernel", block_m=block_m, block_n=block_n)
+    interpreted = _learner_kernel(kernel, "gemv_kernel")
+    device = _device(interpreted)
+    w_view, w_buffer = _guarded_input(W, device)
+    x_view, x_buffer = _guarded_input(x, device)
+    y_view, y_buffer = _guarded((M,), torch.float32, device, SENTINEL)
+    y_view.fill_(math.nan)
+    grid = (max(1, triton.cdiv(M, block_m)),)
+    report = _launch(kernel, "gemv_kernel", interpreted, grid, (w_view, x_view, y_view, M, N, w_view.stride(0)),
+                     {"BLOCK_M": block_m, "BLOCK_N": block_n},
+                     {"W": (w_view, w_buffer), "x": (x_view, x_buffer)}, {"y": (y_view, y_buffer)})
+    return y_view.detach().to("cpu").clone(), report
+
+
+#: The course's launcher of each kernel exercise, by name (the grading judge's call requests name
+#: one: ``course_grader.remote.answer_call`` launches the learner's kernel through it).
+LAUNCHERS: dict[str, Callable] = {"gemv": launch_gemv}
+
+
+def launcher(kernel, exercise: str) -> Callable:
+    """The function that launches KERNEL as kernel exercise EXERCISE (a key of :data:`LAUNCHERS`):
+    ``launcher(gemv_kernel, "gemv")(W, x, block_m=4, block_n=16)`` returns ``(y, report)``.
+
+    The grading judge passes the checkers a stand-in for the learner's kernel whose calls already
+    launch it through the same launcher in the learner's process (its ``launches`` attribute names
+    the exercise); such a stand-in is returned as it is.
+
+    Raises:
+        KeyError: EXERCISE is not a kernel exercise.
+    """
+    instance("exercise", exercise, str)
+    if exercise not in LAUNCHERS:
+        raise KeyError(f"no kernel exercise {exercise!r}; the exercises are {sorted(LAUNCHERS)}")
+    if not is_triton_kernel(kernel) and getattr(kernel, "launches", None) == exercise:
+        return kernel
+    return functools.partial(LAUNCHERS[exercise], kernel)
