@@ -13,14 +13,17 @@
 import ast
 import builtins
 import inspect
+import linecache
 import re
 import textwrap
+import zlib
 
 import nbformat
 import pytest
 import torch
 
 from course_grader.samples import ROOT, labs, tables
+from course_lib.kernels import exercise
 from course_grader.samples import test_points as points_per_test   # not a test: renamed for pytest
 from course_lib.exercises import (Exercise, ExerciseNeeded, binding_lines, bound_names, cell_roles, exercises,
                                    is_unsolved_stub, parse_python, points_table, requires)
@@ -207,10 +210,14 @@ def test_a_cell_that_uses_a_learner_function_requires_it_first(lab):
 
 # -- requires() and the stub test on the labs' own cells ---------------------------------------
 def _defined(source: str) -> dict:
-    namespace: dict = {"torch": torch, "__name__": "cell"}
+    """The functions a cell defines (a kernel cell's ``@triton.jit`` reads its source: it is put in
+    linecache, as IPython does for a cell)."""
+    namespace: dict = {"torch": torch, "triton": exercise.triton, "tl": exercise.tl, "__name__": "cell"}
     tree = parse_python(source)
+    filename = f"<cell {zlib.crc32(source.encode()):08x}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     exec(compile(ast.Module([n for n in tree.body if not isinstance(n, (ast.Import, ast.ImportFrom))], []),
-                 "<cell>", "exec"), namespace)
+                 filename, "exec"), namespace)
     return {n.name: namespace[n.name] for n in tree.body if isinstance(n, ast.FunctionDef)}
 
 
@@ -223,8 +230,8 @@ def test_every_release_stub_is_unsolved_and_every_solution_is_not(lab):
         assert "raise NotImplementedError()" in stubs[cell]
         for name, function in _defined(stubs[cell]).items():
             assert is_unsolved_stub(function), f"{lab}: the release's {name} is not seen as unsolved"
-            with pytest.raises(NotImplementedError):    # and it really is: a call raises
-                _call_with_nones(function)
+            with pytest.raises(NotImplementedError):    # and it really is: a call (of a kernel's function) raises
+                _call_with_nones(function.fn if exercise.is_triton_kernel(function) else function)
         for name, function in _defined(solved[cell]).items():
             assert not is_unsolved_stub(function), f"{lab}: the solution's {name} is seen as unsolved"
 

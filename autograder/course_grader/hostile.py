@@ -365,7 +365,7 @@ def a_symlink_leak(nb):
     """Every solution cell reads the instructor's source notebook through a symlink planted next to
     the submission (build() makes the links) and runs its solution."""
     for gid in ("count_parameters", "kv_bytes_per_token", "prefill_time", "decode_step_bound", "intensity",
-                "requests_that_fit"):
+                "requests_that_fit", "gemv_kernel"):
         nb.cells[cell_index(nb, gid)].source = (
             "import json as _json\n"
             "_cells = _json.load(open('leak_src.txt'))['cells']\n"
@@ -505,6 +505,38 @@ def a_lone_surrogate(nb):
                "def kv_cache_bytes(config, positions, bytes_per_value=4):\n    raise ValueError('not done yet \\ud800')\n")
 
 
+# Kernel exercises (Lab 1's gemv_kernel): an answer in PyTorch in the kernel's place, and a kernel that
+# reads far outside its tensors (uncaught, a segfault of the kernel; caught by the launcher's trace).
+KERNEL_BODY = "    pid = tl.program_id(0)\n"
+
+
+def a_kernel_in_pytorch(nb):
+    cell = nb.cells[cell_index(nb, "gemv_kernel")]
+    cell.source = (
+        "def gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M, BLOCK_N):\n"
+        "    \"\"\"No Triton: the launcher passes tensors, so compute y with PyTorch.\"\"\"\n"
+        "    y_ptr.copy_((w_ptr.float() @ x_ptr.float()))\n")
+
+
+def a_kernel_imitation(nb):
+    append_to(nb, "gemv_kernel", """
+from triton.runtime.jit import KernelInterface
+
+
+class _Imitation(KernelInterface):
+    fn = gemv_kernel.fn
+
+    def run(self, W, x, y, *args, grid, warmup, **kwargs):
+        y.copy_(W.float() @ x.float())
+
+
+gemv_kernel = _Imitation()""")
+
+
+def a_kernel_out_of_bounds(nb):
+    replace_in(nb, "gemv_kernel", KERNEL_BODY, KERNEL_BODY + "    tl.load(w_ptr + (1 << 40) + tl.arange(0, BLOCK_N))\n")
+
+
 HOSTILE_L1 = {
     "stderr_warnings": a_stderr,
     "displayed_score": a_displayed_score,
@@ -539,6 +571,9 @@ HOSTILE_L1 = {
     "terminal_escapes": a_terminal_escapes,
     "judge_memory": a_judge_memory,
     "reference_wrappers": a_reference_wrappers_l1,
+    "kernel_in_pytorch": a_kernel_in_pytorch,
+    "kernel_imitation": a_kernel_imitation,
+    "kernel_out_of_bounds": a_kernel_out_of_bounds,
     "builtins_replaced": a_builtins_replaced_l1,
     "gigabyte_output": _in_gemm("    if not getattr(gemm_intensity, 'shouted', False):\n"
                                 "        gemm_intensity.shouted = True\n"

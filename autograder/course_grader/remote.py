@@ -29,7 +29,10 @@ the new state of changed arguments is applied only where the checker's contract 
 write (``apply_state``). A call may carry ``watch`` (``provenance.watch_spec``: the kernel says
 which references' code ran) and ``probes`` (the contract's ``Probe``s: a rebuilt argument's
 submodule whose forward calls the kernel records by input shape and dtype and ``replay_probes``
-replays on the judge's object, where a checker's hooks count them). ``serve()`` is the kernel's
+replays on the judge's object, where a checker's hooks count them) and ``via`` (a kernel exercise:
+the kernel launches the learner's ``@triton.jit`` function through the course launcher of that name,
+``course_lib.kernels.exercise.LAUNCHERS``, whose report of the launch comes back with the outputs).
+``serve()`` is the kernel's
 loop: input_request prompts (``PROMPT`` + JSON) through the ``input`` ipykernel installs for the
 harness's execute_request (its public ``raw_input``), taken before learner code runs; replies are
 input_reply values.
@@ -41,7 +44,8 @@ cycle: an ``Opaque`` stand-in that equals nothing); a learner function rewriting
 inputs (``apply_state``); the learner's ``input()``/``getpass`` during a call (they raise, as in a
 graded cell with stdin off). Does not defend against anything inside the kernel: its half runs in
 the learner's process, so learner code can replace it, forge answers, fake or hide a probe's calls
-(hiding shows as too few) or write to the stdin channel itself (``kernel.raw_input``; the judge
+(hiding shows as too few), forge a kernel launch's report (its address trace runs in the kernel
+too) or write to the stdin channel itself (``kernel.raw_input``; the judge
 refuses prompts that are not the protocol's). Probed inputs cross as shapes, not values.
 """
 from __future__ import annotations

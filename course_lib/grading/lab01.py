@@ -470,6 +470,10 @@ def _gemv_stray(n_rows: int, n_cols: int) -> Callable[[dict], str]:
             if len(steps) == 2 and steps[0] not in (None, row_stride) and steps[1] == 1:
                 return (f"the rows of W were addressed {steps[0]} elements apart, but row r of W starts at "
                         f"r * stride_wm = r * {row_stride}: use stride_wm, not N")
+        if not v["inside_buffer"]:
+            return ("an address far from every tensor: an offset is wrong (row r, column c of W is "
+                    "w_ptr + r * stride_wm + c; element c of x is x_ptr + c; y[r] is y_ptr + r)")
+        if tensor == "W" and v["op"] == "load":
             if index[0] >= n_rows or index[0] < 0:
                 return (f"the row mask is left out of W's load: the last program's rows go past row {n_rows - 1} "
                         "(mask the rows with rows < M)")
@@ -482,9 +486,6 @@ def _gemv_stray(n_rows: int, n_cols: int) -> Callable[[dict], str]:
         if tensor == "y" and v["op"] == "store" and index[0] >= n_rows:
             return (f"the row mask is left out of the store: the last program writes past y[{n_rows - 1}] "
                     "(store with mask=rows < M)")
-        if not v["inside_buffer"]:
-            return ("an address far from every tensor: an offset is wrong (row r, column c of W is "
-                    "w_ptr + r * stride_wm + c; element c of x is x_ptr + c)")
         return ""
     return name
 

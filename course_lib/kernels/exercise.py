@@ -49,9 +49,10 @@ import torch
 
 from ..validation import instance, power_of_two
 from . import check_tile, import_triton
+from .gemv import check_gemv_inputs
 
 __all__ = ["triton", "tl", "TritonUnavailable", "NEEDS_TRITON", "launcher", "LAUNCHERS", "launch_gemv",
-           "is_triton_kernel", "GUARD_ROWS", "GUARD_COLUMNS", "SENTINEL"]
+           "is_triton_kernel", "guarded", "guard_changed", "GUARD_ROWS", "GUARD_COLUMNS", "SENTINEL"]
 
 #: Rows of poison above and below each guarded 2-D tensor, and elements before and after a 1-D one.
 GUARD_ROWS = 1
@@ -156,7 +157,7 @@ def _poison(dtype: torch.dtype) -> float | int:
     return math.nan if dtype.is_floating_point else torch.iinfo(dtype).max
 
 
-def _guarded(shape: Sequence[int], dtype: torch.dtype, device, fill) -> tuple[torch.Tensor, torch.Tensor]:
+def guarded(shape: Sequence[int], dtype: torch.dtype, device, fill) -> tuple[torch.Tensor, torch.Tensor]:
     """(view, buffer): a tensor of SHAPE inside a buffer filled with FILL, with GUARD_ROWS rows
     (2-D) or elements (1-D) of it before and after, and GUARD_COLUMNS more at each row's end (2-D)."""
     if len(shape) == 1:
@@ -168,12 +169,12 @@ def _guarded(shape: Sequence[int], dtype: torch.dtype, device, fill) -> tuple[to
 
 
 def _guarded_input(t: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
-    view, buffer = _guarded(tuple(t.shape), t.dtype, device, _poison(t.dtype))
+    view, buffer = guarded(tuple(t.shape), t.dtype, device, _poison(t.dtype))
     view.copy_(t)
     return view, buffer
 
 
-def _guard_changed(view: torch.Tensor, buffer: torch.Tensor) -> bool:
+def guard_changed(view: torch.Tensor, buffer: torch.Tensor) -> bool:
     """Whether anything outside VIEW in BUFFER (filled with SENTINEL) was written."""
     outside = torch.ones(buffer.shape, dtype=torch.bool, device=buffer.device)
     if view.dim() == 1:
@@ -334,7 +335,7 @@ def _launch(kernel, name: str, interpreted: bool, grid: tuple[int, ...], args: S
             report["error"] = f"{type(cause).__name__}: {cause}"[:1500]
     report["violation"] = trace.violation
     report["loaded"], report["stored"] = trace.counts["load"], trace.counts["store"]
-    report["guard_writes"] = [n for n, (view, buffer) in outputs.items() if _guard_changed(view, buffer)]
+    report["guard_writes"] = [n for n, (view, buffer) in outputs.items() if guard_changed(view, buffer)]
     return report
 
 
@@ -367,9 +368,7 @@ def launch_gemv(kernel, W: torch.Tensor, x: torch.Tensor, *, block_m: int, block
             that is not a power of two or too large a tile; KERNEL not a learner's @triton.jit
             function. TritonUnavailable: triton does not import.
     """
-    from .gemv import _check_inputs
-
-    M, N = _check_inputs(W, x)
+    M, N = check_gemv_inputs(W, x)
     block_m = power_of_two("block_m", block_m, note="tl.arange needs one")
     block_n = power_of_two("block_n", block_n, note="tl.arange needs one")
     check_tile("gemv_kernel", block_m=block_m, block_n=block_n)
@@ -377,7 +376,7 @@ def launch_gemv(kernel, W: torch.Tensor, x: torch.Tensor, *, block_m: int, block
     device = _device(interpreted)
     w_view, w_buffer = _guarded_input(W, device)
     x_view, x_buffer = _guarded_input(x, device)
-    y_view, y_buffer = _guarded((M,), torch.float32, device, SENTINEL)
+    y_view, y_buffer = guarded((M,), torch.float32, device, SENTINEL)
     y_view.fill_(math.nan)
     grid = (max(1, triton.cdiv(M, block_m)),)
     report = _launch(kernel, "gemv_kernel", interpreted, grid, (w_view, x_view, y_view, M, N, w_view.stride(0)),

@@ -25,7 +25,7 @@ import torch
 from ..validation import instance, power_of_two
 from . import check_tile, fallback_notice, import_triton, kernel_interpreted, notice_once, triton_mode
 
-__all__ = ["reference_gemv", "gemv", "SUPPORTED_DTYPES", "DEFAULT_BLOCK_M", "DEFAULT_BLOCK_N"]
+__all__ = ["reference_gemv", "gemv", "check_gemv_inputs", "SUPPORTED_DTYPES", "DEFAULT_BLOCK_M", "DEFAULT_BLOCK_N"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 DEFAULT_BLOCK_M = 16
@@ -66,7 +66,8 @@ else:
 KERNEL_INTERPRETED = kernel_interpreted(_gemv_kernel)
 
 
-def _check_inputs(W: torch.Tensor, x: torch.Tensor) -> tuple[int, int]:
+def check_gemv_inputs(W: torch.Tensor, x: torch.Tensor) -> tuple[int, int]:
+    """(M, N) of a GEMV's W and x after checking them as :func:`reference_gemv` documents (its Raises)."""
     instance("W", W, torch.Tensor)
     instance("x", x, torch.Tensor)
     if W.dim() != 2:
@@ -99,7 +100,7 @@ def reference_gemv(W: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         TypeError: W or x is not a tensor.
         ValueError: wrong ranks, mismatched N, unsupported or mismatched dtype, different devices.
     """
-    _check_inputs(W, x)
+    check_gemv_inputs(W, x)
     return W.to(torch.float32) @ x.to(torch.float32)
 
 
@@ -131,7 +132,7 @@ def gemv(
         TypeError / ValueError: as :func:`reference_gemv`; ValueError for a block that is not
         a positive power of two, or a block_m x block_n tile past ``MAX_TILE_ELEMENTS``.
     """
-    M, N = _check_inputs(W, x)
+    M, N = check_gemv_inputs(W, x)
     block_m = power_of_two("block_m", block_m, note="tl.arange needs one")
     block_n = power_of_two("block_n", block_n, note="tl.arange needs one")
     check_tile("gemv", block_m=block_m, block_n=block_n)

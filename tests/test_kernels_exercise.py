@@ -1,0 +1,236 @@
+"""Tests of course_lib.kernels.exercise: the launcher of learner-written kernels and its address trace.
+
+The kernels here are built for Triton's interpreter whatever this process's mode (TRITON_INTERPRET is
+set only while they are decorated, as the labs' set-up cells do), so the trace runs on every CPU.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from course_lib.exercises import ExerciseNeeded, is_unsolved_stub
+from course_lib.kernels import triton_import_error
+from course_lib.kernels.exercise import SENTINEL, TritonUnavailable, guard_changed, guarded, launcher, tl, triton
+from course_lib.grading import lab01
+from course_lib.grading.contracts import ContractError
+from kernel_interpreter import run_without_triton
+
+pytestmark = pytest.mark.skipif(triton_import_error() is not None, reason="triton does not import here")
+
+_saved = os.environ.get("TRITON_INTERPRET")
+os.environ["TRITON_INTERPRET"] = "1"
+try:
+    @triton.jit
+    def good(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        acc = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for n0 in range(0, N, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            w = tl.load(w_ptr + rows[:, None] * stride_wm + cols[None, :],
+                        mask=(rows < M)[:, None] & (cols < N)[None, :], other=0.0)
+            xv = tl.load(x_ptr + cols, mask=cols < N, other=0.0)
+            acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
+        tl.store(y_ptr + rows, acc, mask=rows < M)
+
+    @triton.jit
+    def unmasked_store(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        tl.store(y_ptr + rows, tl.zeros((BLOCK_M,), dtype=tl.float32))
+
+    @triton.jit
+    def packed_rows(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        acc = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for n0 in range(0, N, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            w = tl.load(w_ptr + rows[:, None] * N + cols[None, :],
+                        mask=(rows < M)[:, None] & (cols < N)[None, :], other=0.0)
+            xv = tl.load(x_ptr + cols, mask=cols < N, other=0.0)
+            acc += tl.sum(w * xv[None, :], axis=1)
+        tl.store(y_ptr + rows, acc, mask=rows < M)
+
+    @triton.jit
+    def wild_pointer(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        tl.load(w_ptr + 100_000_000 + tl.arange(0, BLOCK_N))
+
+    @triton.jit
+    def stub(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        raise NotImplementedError()
+
+    @triton.jit
+    def raises(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        tl.store(y_ptr + tl.arange(0, 3), 0.0)      # tl.arange needs a power of two
+finally:
+    if _saved is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _saved
+
+
+def _case(m=13, n=37, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(m * 1000 + n)
+    return torch.randn(m, n, generator=gen).to(dtype), torch.randn(n, generator=gen).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_correct_kernel_is_launched_traced_and_reads_each_element_once(dtype):
+    W, x = _case(dtype=dtype)
+    y, report = launcher(good, "gemv")(W, x, block_m=4, block_n=16)
+    torch.testing.assert_close(y, W.float() @ x.float(), rtol=1e-5, atol=1e-5)
+    assert report["mode"] == "interpreter" and report["traced"] and report["grid"] == [4]
+    assert report["violation"] is None and report["error"] is None and report["guard_writes"] == []
+    assert report["loaded"] == {"W": 13 * 37, "x": 37 * 4} and report["stored"] == {"y": 13}
+
+
+def test_a_missing_column_mask_stops_the_launch_and_names_the_column():
+    """Rows of W are wider than N in the launcher's buffer, so the first read past column N - 1 is
+    caught on row 0 of program 0, before it happens (seed 0's case 0: W 33 x 57 in blocks of 16 x 16;
+    the 3 padding columns of 16 rows stray, the columns after them are the next row's)."""
+    with pytest.raises(ContractError, match=r"program \(0, 0, 0\) loaded from W\[0, 57\].*: 48 lane.*\n"
+                                            r".*tail mask is left out of W's load"):
+        lab01.check_gemv_kernel(_without_column_mask(), seed=0, cases=1)
+
+
+def _without_column_mask():
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import linecache
+        source = ("def tail(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n"
+                  "    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n"
+                  "    acc = tl.zeros((BLOCK_M,), dtype=tl.float32)\n"
+                  "    for n0 in range(0, N, BLOCK_N):\n"
+                  "        cols = n0 + tl.arange(0, BLOCK_N)\n"
+                  "        w = tl.load(w_ptr + rows[:, None] * stride_wm + cols[None, :], mask=(rows < M)[:, None])\n"
+                  "        xv = tl.load(x_ptr + cols, mask=cols < N, other=0.0)\n"
+                  "        acc += tl.sum(w * xv[None, :], axis=1)\n"
+                  "    tl.store(y_ptr + rows, acc, mask=rows < M)\n")
+        linecache.cache["<tail kernel>"] = (len(source), None, source.splitlines(True), "<tail kernel>")
+        namespace = {"tl": tl}
+        exec(compile(source, "<tail kernel>", "exec"), namespace)
+        return triton.jit(namespace["tail"])
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+def test_a_store_past_the_last_row_is_stopped_before_it_lands():
+    W, x = _case(m=5, n=8)
+    y, report = launcher(unmasked_store, "gemv")(W, x, block_m=4, block_n=8)
+    v = report["violation"]
+    assert v["op"] == "store" and v["tensor"] == "y" and v["index"] == [5] and v["program"][0] == 1 and v["lanes"] == 3
+    assert report["guard_writes"] == []                     # stopped before the access: the sentinel is intact
+    with pytest.raises(ContractError, match=r"stored to y\[33\].*\n.*row mask is left out of the store"):
+        lab01.check_gemv_kernel(unmasked_store, seed=0, cases=1)
+
+
+def test_rows_addressed_with_n_instead_of_the_row_stride_are_named():
+    with pytest.raises(ContractError, match=r"rows of W were addressed \d+ elements apart.*use stride_wm, not N"):
+        lab01.check_gemv_kernel(packed_rows, seed=0, cases=1)
+
+
+def test_a_wild_pointer_is_refused_without_touching_memory():
+    W, x = _case(m=4, n=16)
+    _, report = launcher(wild_pointer, "gemv")(W, x, block_m=4, block_n=16)
+    assert report["violation"]["tensor"] in ("W", "x", "y") and report["violation"]["inside_buffer"] is False
+    with pytest.raises(ContractError, match="an address far from every tensor"):
+        lab01.check_gemv_kernel(wild_pointer, seed=0, cases=1)
+
+
+def test_the_interpreter_is_left_as_it_was_after_a_launch_that_failed():
+    from triton.runtime import interpreter
+    from triton.runtime.jit import JITFunction
+
+    before = (interpreter.InterpreterBuilder.create_masked_load, interpreter.InterpreterBuilder.create_masked_store,
+              JITFunction.__call__)
+    W, x = _case(m=5, n=8)
+    for kernel in (unmasked_store, raises, good):
+        launcher(kernel, "gemv")(W, x, block_m=4, block_n=8)
+    assert (interpreter.InterpreterBuilder.create_masked_load, interpreter.InterpreterBuilder.create_masked_store,
+            JITFunction.__call__) == before
+
+
+def test_an_exception_in_the_kernel_is_reported_with_its_own_type():
+    W, x = _case(m=5, n=8)
+    _, report = launcher(raises, "gemv")(W, x, block_m=4, block_n=8)
+    assert report["violation"] is None and report["error"].split(":")[0] in ("ValueError", "AssertionError",
+                                                                             "TypeError", "CompilationError")
+    with pytest.raises(ContractError, match="your kernel raised"):
+        lab01.check_gemv_kernel(raises, seed=0, cases=1)
+
+
+def test_the_unsolved_stub_asks_for_the_exercise():
+    assert is_unsolved_stub(stub) and not is_unsolved_stub(good)
+    with pytest.raises(ExerciseNeeded, match="`gemv_kernel` is not written yet"):
+        lab01.check_gemv_kernel(stub, seed=0)
+
+
+def test_anything_but_a_learners_triton_kernel_is_refused():
+    from triton.runtime.jit import KernelInterface
+
+    class Imitation(KernelInterface):
+        fn = good.fn
+
+        def run(self, *args, grid, warmup, **kwargs):
+            raise AssertionError("an imitation must never be launched")
+
+    W, x = _case(m=4, n=8)
+    for impostor in (lambda W, x, y, *rest, **kw: y.copy_(W @ x), Imitation(), good.fn):
+        with pytest.raises(TypeError, match="must be a function decorated with @triton.jit"):
+            launcher(impostor, "gemv")(W, x, block_m=4, block_n=8)
+    disguised = good.fn
+    saved = disguised.__module__
+    disguised.__module__ = "course_lib.kernels.gemv"        # as the course's own kernel reports itself
+    try:
+        with pytest.raises(ValueError, match="course_lib's kernel"):
+            launcher(good, "gemv")(W, x, block_m=4, block_n=8)
+    finally:
+        disguised.__module__ = saved
+
+
+def test_bad_launch_arguments_are_refused_before_the_kernel_runs():
+    W, x = _case(m=4, n=8)
+    with pytest.raises(ValueError, match="block_m"):
+        launcher(good, "gemv")(W, x, block_m=3, block_n=8)
+    with pytest.raises(ValueError, match="x has 7 elements"):
+        launcher(good, "gemv")(W, x[:7], block_m=4, block_n=8)
+    with pytest.raises(KeyError, match="no kernel exercise 'gemm'"):
+        launcher(good, "gemm")
+
+
+def test_a_write_into_an_outputs_guard_is_seen():
+    view, buffer = guarded((3, 4), torch.float32, "cpu", SENTINEL)
+    assert not guard_changed(view, buffer)
+    buffer[-1, 0] = 0.0
+    assert guard_changed(view, buffer)
+    view1, buffer1 = guarded((5,), torch.float32, "cpu", SENTINEL)
+    view1.fill_(math.nan)
+    assert not guard_changed(view1, buffer1)
+    buffer1[0] = 1.0
+    assert guard_changed(view1, buffer1)
+
+
+def test_check_gemv_kernel_passes_a_right_kernel_on_many_seeds():
+    for seed in range(6):
+        lab01.check_gemv_kernel(good, seed=seed, cases=6)
+
+
+def test_without_triton_the_kernel_cell_runs_and_the_launch_says_why():
+    proc = run_without_triton(
+        "from course_lib.kernels.exercise import triton, tl, launcher, TritonUnavailable\n"
+        "import torch\n"
+        "@triton.jit\n"
+        "def k(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n"
+        "    pass\n"
+        "try:\n"
+        "    launcher(k, 'gemv')(torch.ones(2, 2), torch.ones(2), block_m=2, block_n=2)\n"
+        "except TritonUnavailable as exc:\n"
+        "    print('refused:', exc)\n")
+    assert proc.returncode == 0, proc.stderr
+    assert "refused: gemv_kernel: this exercise needs Triton" in proc.stdout
+    assert TritonUnavailable.__mro__[1] is RuntimeError
