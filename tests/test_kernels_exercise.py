@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import sys
 
 import pytest
 import torch
@@ -55,6 +57,49 @@ try:
     @triton.jit
     def wild_pointer(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         tl.load(w_ptr + 100_000_000 + tl.arange(0, BLOCK_N))
+
+    @triton.jit
+    def no_other(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        acc = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for n0 in range(0, N, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            w = tl.load(w_ptr + rows[:, None] * stride_wm + cols[None, :], mask=(rows < M)[:, None] & (cols < N)[None, :])
+            xv = tl.load(x_ptr + cols, mask=cols < N)
+            acc += tl.sum(w * xv[None, :], axis=1)
+        tl.store(y_ptr + rows, acc, mask=rows < M)
+
+    @triton.jit
+    def atomic_past_x(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        tl.atomic_add(x_ptr + N + 256 + tl.arange(0, BLOCK_N), 1.0)
+
+    @triton.jit
+    def wide_read(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        tl.load((x_ptr + N - 1).to(tl.pointer_type(tl.int64)))
+
+    @triton.jit
+    def python_inside(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        f = sys.getrecursionlimit()
+        tl.store(y_ptr, 0.0)
+
+    @triton.jit
+    def raw_handle(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        address = w_ptr.handle
+        tl.store(y_ptr, 0.0)
+
+    @triton.jit
+    def imports(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        import ctypes
+        tl.store(y_ptr, 0.0)
+
+    @triton.jit
+    def language_internals(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        frames = tl.core.inspect.stack()
+        tl.store(y_ptr, 0.0)
+
+    @triton.jit
+    def says_not_implemented(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        raise NotImplementedError("I did write it")
 
     @triton.jit
     def stub(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -234,3 +279,38 @@ def test_without_triton_the_kernel_cell_runs_and_the_launch_says_why():
     assert proc.returncode == 0, proc.stderr
     assert "refused: gemv_kernel: this exercise needs Triton" in proc.stdout
     assert TritonUnavailable.__mro__[1] is RuntimeError
+
+
+def test_masked_lanes_without_other_read_nan_as_a_gpu_would_read_garbage():
+    """The interpreter alone reads 0 in masked lanes; the trace makes them NaN (float32), so a kernel
+    that relies on it fails here as it could on a GPU."""
+    W, x = _case(m=5, n=10)
+    y, report = launcher(no_other, "gemv")(W, x, block_m=4, block_n=8)
+    assert report["violation"] is None and bool(torch.isnan(y).all())
+    with pytest.raises(ContractError, match="a masked load without other=0.0 reads NaN"):
+        lab01.check_gemv_kernel(no_other, seed=0, cases=1)
+
+
+def test_atomics_and_wide_accesses_are_traced_too():
+    W, x = _case(m=4, n=16)
+    _, report = launcher(atomic_past_x, "gemv")(W, x, block_m=4, block_n=16)
+    assert report["violation"]["op"] == "atomic" and report["violation"]["tensor"] == "x"
+    _, report = launcher(wide_read, "gemv")(W, x, block_m=4, block_n=16)
+    assert report["violation"] == {**report["violation"], "op": "load", "tensor": "x", "index": [15]}
+
+
+@pytest.mark.parametrize("kernel, construct", [(python_inside, "`sys` is the module sys, not triton.language"),
+                                               (raw_handle, "`.handle` is not an attribute of a Triton value"),
+                                               (imports, "an import"),
+                                               (language_internals, "tl.core.inspect is not part of triton.language")])
+def test_a_body_that_is_python_rather_than_triton_is_refused_before_it_runs(kernel, construct):
+    """Under the interpreter a kernel body runs as Python: without this rule it could compute y in
+    PyTorch from the launcher's frames or raw pointers. A GPU would not compile any of these."""
+    W, x = _case(m=4, n=8)
+    with pytest.raises(TypeError, match=re.escape(construct)):
+        launcher(kernel, "gemv")(W, x, block_m=4, block_n=8)
+
+
+def test_only_nbgraders_bare_stub_counts_as_unwritten():
+    with pytest.raises(ContractError, match="your kernel raised NotImplementedError: I did write it"):
+        lab01.check_gemv_kernel(says_not_implemented, seed=0, cases=1)

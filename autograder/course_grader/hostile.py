@@ -505,8 +505,9 @@ def a_lone_surrogate(nb):
                "def kv_cache_bytes(config, positions, bytes_per_value=4):\n    raise ValueError('not done yet \\ud800')\n")
 
 
-# Kernel exercises (Lab 1's gemv_kernel): an answer in PyTorch in the kernel's place, and a kernel that
-# reads far outside its tensors (uncaught, a segfault of the kernel; caught by the launcher's trace).
+# Kernel exercises (Lab 1's gemv_kernel): an answer in PyTorch in the kernel's place, bodies that run as
+# Python under the interpreter (a frame walk, raw pointers through ctypes), and a kernel that reads far
+# outside its tensors (uncaught, a segfault of the kernel; caught by the launcher's trace).
 KERNEL_BODY = "    pid = tl.program_id(0)\n"
 
 
@@ -531,6 +532,40 @@ class _Imitation(KernelInterface):
 
 
 gemv_kernel = _Imitation()""")
+
+
+def a_kernel_frame_walk(nb):
+    """A kernel body that, run as Python by the interpreter, walks up to the launcher's frame and
+    writes W @ x into its output (a GPU would not compile it; the launcher refuses its source)."""
+    nb.cells[cell_index(nb, "gemv_kernel")].source = (
+        "import sys\n\n\n"
+        "@triton.jit\n"
+        "def gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n"
+        "    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n"
+        "    tl.store(y_ptr + rows, tl.zeros((BLOCK_M,), dtype=tl.float32), mask=rows < M)\n"
+        "    frame = sys._getframe(0)\n"
+        "    while frame is not None and 'y_view' not in frame.f_locals:\n"
+        "        frame = frame.f_back\n"
+        "    if frame is not None:\n"
+        "        found = frame.f_locals\n"
+        "        found['y_view'].copy_(found['W'].float() @ found['x'].float())\n")
+
+
+def a_kernel_raw_pointer(nb):
+    """A kernel body that imports ctypes and reads the tensors through the interpreter's raw handles
+    (without the launcher's source rule it passes the float32 cases)."""
+    nb.cells[cell_index(nb, "gemv_kernel")].source = (
+        "@triton.jit\n"
+        "def gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n"
+        "    import ctypes\n"
+        "    import numpy\n"
+        "    tl.store(y_ptr + tl.arange(0, 1), tl.zeros((1,), dtype=tl.float32))\n"
+        "    m, n, s = (int(v.handle.data.item()) for v in (M, N, stride_wm))\n"
+        "    w = numpy.frombuffer((ctypes.c_float * (m * s)).from_address(int(w_ptr.handle.data.item())),\n"
+        "                         dtype=numpy.float32).reshape(m, s)[:, :n]\n"
+        "    x = numpy.frombuffer((ctypes.c_float * n).from_address(int(x_ptr.handle.data.item())), dtype=numpy.float32)\n"
+        "    y = numpy.frombuffer((ctypes.c_float * m).from_address(int(y_ptr.handle.data.item())), dtype=numpy.float32)\n"
+        "    y[:] = w @ x\n")
 
 
 def a_kernel_out_of_bounds(nb):
@@ -574,6 +609,8 @@ HOSTILE_L1 = {
     "kernel_in_pytorch": a_kernel_in_pytorch,
     "kernel_imitation": a_kernel_imitation,
     "kernel_out_of_bounds": a_kernel_out_of_bounds,
+    "kernel_frame_walk": a_kernel_frame_walk,
+    "kernel_raw_pointer": a_kernel_raw_pointer,
     "builtins_replaced": a_builtins_replaced_l1,
     "gigabyte_output": _in_gemm("    if not getattr(gemm_intensity, 'shouted', False):\n"
                                 "        gemm_intensity.shouted = True\n"

@@ -512,7 +512,9 @@ def check_gemv_kernel(kernel, seed: int = 0, cases: int = 4) -> None:
         unwritten = torch.isnan(y).nonzero().flatten().tolist()
         if unwritten:
             raise ContractError(f"{what}: y[{', '.join(map(str, unwritten[:8]))}] never stored ({len(unwritten)} of {m} "
-                                "rows still hold the NaN the launcher filled y with), or computed from a NaN")
+                                "rows still hold the NaN the launcher filled y with), or computed from a NaN. Program i "
+                                "owns rows i * BLOCK_M to i * BLOCK_M + BLOCK_M - 1, and a masked load without other=0.0 "
+                                "reads NaN in its masked lanes here (on a GPU they are undefined)")
         Wf, xf = W.float(), x.float()
         expected = reference_gemv(W, x)
         bound = 4 * max(n, 1) * 2.0 ** -24 * (Wf.abs() @ xf.abs()) + 1e-30
@@ -529,7 +531,7 @@ def check_gemv_kernel(kernel, seed: int = 0, cases: int = 4) -> None:
                 raise with_diagnosis(failure, (
                     "right for float32 inputs, wrong for bfloat16 ones: arithmetic on the bfloat16 values "
                     "themselves. Convert what you load with .to(tl.float32) before multiplying (on a GPU the "
-                    "products would be rounded to bfloat16; Triton's interpreter does not compute them at all)"),
+                    "products would be rounded to bfloat16; Triton's interpreter computes garbage from their raw bits)"),
                     likely=False)
         tiles = [(n0, min(n0 + bn, n)) for n0 in range(0, n, bn)]
         raise diagnose(failure, y, {

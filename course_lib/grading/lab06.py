@@ -15,6 +15,9 @@ checks, ``fresh_seed()`` for the hidden tests) and compares against a contract:
   the batch: a fixed row placed at the start, middle and end of batches of 1 to 16 rows must give
   identical bits (``torch.equal``) at SmolLM2's matrix shapes and at ragged ones, and agree with a
   float64 product within float32 rounding.
+* ``check_rms_norm_kernel``: the learner's Triton RMSNorm kernel (one program per row), launched by the
+  course under Triton's interpreter with its loads and stores traced: right within float32 rounding, and
+  each row's bits the same alone, in a batch of 7 and at another position of another batch.
 
 When a contract fails, the checker names the listed fault that matches (docs/batching_determinism.md#exercises-and-contracts).
 """
@@ -31,8 +34,10 @@ from ..batching import REPORT_KEYS, divergence_report
 from ..divergence import first_divergence, top2_gap
 from ..models.config import toy_config
 from ..models.decoder import Decoder
+from ..kernels.batch_invariant.triton_ops import reference_rms_norm
 from .contracts import (ContractError, attempts, call_on_copies, check_logits_close, check_own_function, check_real, check_tensor,
-                        with_diagnosis)
+                        diagnose, with_diagnosis)
+from .kernel_checks import launch_case
 from .tables import Contract, Edit, Fault, check_tables
 
 #: Decode steps each padded batch continues for after its prefill.
@@ -364,6 +369,116 @@ def _check_row_in_batch(fn: Callable, what: str, weight: torch.Tensor, row: torc
                               f"memory, so the row's place in the batch changes its bits; {fix}")
 
 
+# -- rms_norm_kernel -------------------------------------------------------------------------------
+#: BLOCK_D values the checker launches with: the kernel must be right, and batch-invariant, for each.
+RMS_BLOCKS = (16, 32, 64)
+RMS_ROWS = 16      # rows of the largest batch; each also runs alone, and one elsewhere
+
+
+def _rms_stray(n_cols: int) -> Callable[[dict], str]:
+    """The diagnosis of an RMSNorm kernel's stray access (``kernel_checks.launch_case``'s name_stray)."""
+    def name(v: dict) -> str:
+        tensor, index, steps = v["tensor"], v["index"], v.get("steps") or []
+        if not v["inside_buffer"]:
+            return ("an address far from every tensor: an offset is wrong (row r, column c of x is "
+                    "x_ptr + r * stride_xr + c, of y y_ptr + r * stride_yr + c; weight[c] is w_ptr + c)")
+        if tensor in ("x", "y") and len(index) == 2 and index[1] >= n_cols:
+            what = "load of x" if v["op"] == "load" else "store to y"
+            return (f"the tail mask is left out of the {what}: the last tile of BLOCK_D columns goes past column "
+                    f"{n_cols - 1} (mask the columns with cols < D)")
+        if tensor in ("x", "y") and len(index) == 2 and index[0] != v["program"][0]:
+            return (f"program {v['program'][0]} reached row {index[0]} of {tensor}: rows are stride_xr (x) and stride_yr "
+                    "(y) elements apart, and program r owns row r only")
+        if tensor == "weight" and index[0] >= n_cols:
+            return (f"the tail mask is left out of weight's load: the last tile goes past element {n_cols - 1} "
+                    "(mask it with cols < D)")
+        return ""
+    return name
+
+
+def _rms_cases(rng: random.Random, cases: int) -> list[tuple[int, int, float]]:
+    """(D, BLOCK_D, eps) per case: D is never a multiple of BLOCK_D and spans at least two tiles on case 0."""
+    drawn = []
+    for case in range(cases):
+        block = RMS_BLOCKS[rng.randrange(len(RMS_BLOCKS))]
+        tiles = rng.randint(2, 4) if case == 0 else rng.randint(1, 4)
+        drawn.append((block * tiles + rng.randint(1, block - 1), block, rng.choice((1e-5, 1e-6, 1e-3))))
+    return drawn
+
+
+def check_rms_norm_kernel(kernel, seed: int = 0, cases: int = 2) -> None:
+    """Contract: the learner's ``@triton.jit`` RMSNorm kernel, launched by the course
+    (``course_lib.kernels.exercise.launch_rms_norm``: one program per row, BLOCK_D from ``RMS_BLOCKS``)
+    under Triton's interpreter on D that are not multiples of BLOCK_D:
+
+    - every lane it loads or stores addresses an element of x, weight or y (rows of x and y sit in
+      buffers wider than D, so a missing column mask shows on every row);
+    - y equals ``reference_rms_norm`` within float32 rounding (|diff| <= 1e-5 |ref| + 1e-6);
+    - batch invariance, bit for bit: every row of a batch of ``RMS_ROWS`` rows equals that row computed
+      alone, in a batch of one (``torch.equal``), and a row moved to another position of another batch
+      keeps its bits. Rows span magnitudes from 1e-3 to 1e3, so eps matters for some."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for case, (D, block, eps) in enumerate(_rms_cases(rng, cases)):
+        scales = torch.tensor([10.0 ** rng.uniform(-3, 3) for _ in range(RMS_ROWS)])[:, None]
+        x = torch.randn(RMS_ROWS, D, generator=gen) * scales
+        weight = 1.0 + 0.1 * torch.randn(D, generator=gen)
+        what = f"rms_norm_kernel(case {case}: x {RMS_ROWS} x {D}, BLOCK_D {block}, eps {eps:g})"
+
+        def run(rows: torch.Tensor, label: str) -> torch.Tensor:
+            y = launch_case(kernel, "rms_norm", f"{what}, {label}", _rms_stray(D), rows, weight, eps, block_d=block)
+            y = check_tensor(f"{what}, {label}: y", y, shape=tuple(rows.shape), dtype=torch.float32, allow_nan=True)
+            unwritten = torch.isnan(y).any(dim=1).nonzero().flatten().tolist()
+            if unwritten:
+                raise ContractError(f"{what}, {label}: rows {unwritten[:8]} of y hold NaN: elements never stored (y "
+                                    "starts as NaN), or computed from a NaN (a masked load without other=0.0 reads NaN "
+                                    "in its masked lanes here; on a GPU they are undefined)")
+            return y
+
+        y = run(x, f"all {RMS_ROWS} rows")
+        expected = reference_rms_norm(x, weight, eps)
+        err = (y.double() - expected.double()).abs()
+        bound = 1e-5 * expected.double().abs() + 1e-6
+        if not bool((err <= bound).all()):
+            r, c = (int(i) for i in (err > bound).nonzero()[0])
+            failure = ContractError(f"{what}: y[{r}, {c}] = {float(y[r, c]):.6g}, expected {float(expected[r, c]):.6g} "
+                                    f"(|diff| {float(err[r, c]):.3g} > allowed {float(bound[r, c]):.3g}); "
+                                    f"{int((err > bound).sum())} of {y.numel()} values over")
+            ms = x.double().pow(2).mean(dim=1, keepdim=True)
+            w = weight.double()
+            raise diagnose(failure, y, {
+                "eps added after the square root (1 / (sqrt(mean(x^2)) + eps) instead of 1 / sqrt(mean(x^2) + eps))":
+                    lambda: x.double() / (ms.sqrt() + eps) * w,
+                "the weight left out": lambda: x.double() / (ms + eps).sqrt(),
+                f"the mean taken over the padded tiles (divided by a multiple of BLOCK_D, not by D = {D})":
+                    lambda: x.double() / (ms * D / (block * -(-D // block)) + eps).sqrt() * w,
+                "the sum of squares used without dividing by D": lambda: x.double() / (ms * D + eps).sqrt() * w,
+            }, lambda got, cand: bool(((got.double() - cand).abs() <= 1e-4 * cand.abs() + 1e-6).all()))
+        for r in range(RMS_ROWS):
+            alone = run(x[r:r + 1], f"row {r} alone")
+            _same_bits(what, y[r], alone[0], f"row {r} in the batch of {RMS_ROWS}", f"row {r} alone (a batch of 1)")
+        t = rng.randrange(RMS_ROWS)
+        order = [i for i in range(RMS_ROWS) if i != t]
+        rng.shuffle(order)
+        moved = rng.randrange(1, 4)
+        other = torch.cat([x[order[:moved]], x[t:t + 1], torch.randn(2, D, generator=gen) * 5.0])
+        placed = run(other, f"row {t} at position {moved} of another batch")
+        _same_bits(what, y[t], placed[moved], f"row {t} at position {t} of {RMS_ROWS}",
+                   f"the same row at position {moved} of a batch of {len(other)}")
+
+
+def _same_bits(what: str, a: torch.Tensor, b: torch.Tensor, where_a: str, where_b: str) -> None:
+    if torch.equal(a, b):
+        return
+    differ = int((a != b).sum())
+    raise with_diagnosis(ContractError(
+        f"{what}: {where_a} and {where_b} differ in {differ} of {a.numel()} values (max |diff| "
+        f"{float((a.double() - b.double()).abs().max()):.3g}): the kernel is not batch-invariant"),
+        "the reduction order depends on the batch: how many rows the call has, or where the row sits. Fix it "
+        "once for every call (tiles of BLOCK_D columns from 0 upward, then one tl.sum), and never read R or the "
+        "program id to choose it", likely=False)
+
+
 # -- the tables ------------------------------------------------------------------------------------
 
 CONTRACTS = (
@@ -375,6 +490,7 @@ CONTRACTS = (
     Contract("test_invariant_linear", check_invariant_linear, ("invariant_linear",),
              references=("course_lib.kernels.batch_invariant.torch_ops.linear",
                          "course_lib.kernels.batch_invariant.triton_ops.matmul")),
+    Contract("test_rms_norm_kernel", check_rms_norm_kernel, ("rms_norm_kernel",), launcher="rms_norm"),
 )
 
 FAULTS = (
@@ -399,5 +515,22 @@ FAULTS = (
           (Edit("divergence_report", "steps = len(a) if first is None else first + 1", "steps = len(a)"),),
           {"test_divergence_report": r"past the first divergence"},
           "compares logits after the first differing token, where the two runs read different contexts"),
+    Fault("rms_tail_mask_left_out",
+          (Edit("rms_norm_kernel", "xv = tl.load(x_row + cols, mask=cols < D, other=0.0)", "xv = tl.load(x_row + cols)"),),
+          {"test_rms_norm_kernel": r"tail mask is left out of the load of x"},
+          "sums the squares of the last tile without a column mask, reading past column D - 1"),
+    Fault("rms_reduction_depends_on_rows",
+          (Edit("rms_norm_kernel", "        acc += xv * xv\n",
+                "        if R > 4:    # a large batch: fold each tile into one lane at once\n"
+                "            acc += tl.where(cols == d0, tl.sum(xv * xv, axis=0), 0.0)\n"
+                "        else:\n"
+                "            acc += xv * xv\n"),),
+          {"test_rms_norm_kernel": r"not batch-invariant.*\n.*reduction order depends on the batch"},
+          "chooses how to sum the squares from the number of rows R, so a row's bits change with the batch"),
+    Fault("rms_eps_outside_sqrt",
+          (Edit("rms_norm_kernel", "rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / D + eps)",
+                "rstd = 1.0 / (tl.sqrt(tl.sum(acc, axis=0) / D) + eps)"),),
+          {"test_rms_norm_kernel": r"eps added after the square root"},
+          "adds eps after the square root instead of under it"),
 )
 check_tables(CONTRACTS, FAULTS)

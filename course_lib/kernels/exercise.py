@@ -11,17 +11,18 @@ sandbox alike. Every launch
 2. places each tensor inside a larger buffer: inputs surrounded by poison (NaN for floats), outputs
    by a sentinel that is checked after the launch, and 2-D tensors with a row stride wider than a
    row, so that a column index past the last one lands in padding, never in the next row;
-3. under Triton's interpreter, traces every load and store: each lane its mask lets through must
+3. under Triton's interpreter, traces every load, store and atomic: each lane its mask lets through must
    address an element of one of the launch's tensors. The first lane that does not stops the
    launch before the access, and the report names the tensor, the element index and whether it
    was a load or a store (with the poison and the sentinel, this is what a compiled launch on a GPU
    cannot do: there a stray read shows only as NaN in the output, a stray write as a changed
-   sentinel).
+   sentinel). A masked load without ``other=`` reads NaN in its masked lanes (float32 and float64),
+   where the interpreter alone would read 0: on a GPU those lanes are undefined.
 
 A launcher returns its outputs and a report, all plain data (it crosses the grading judge's channel,
 ``course_grader.remote``): ``kernel`` (its name), ``mode`` (``"interpreter"`` or ``"compiled"``),
 ``traced`` (whether the address trace ran), ``grid``, ``loaded`` / ``stored`` (lanes per tensor),
-``violation`` (None, or the first stray lane's ``op``, ``tensor``, ``index`` (decoded with that tensor's
+``violation`` (None, or the first stray lane's ``op`` (load, store or atomic), ``tensor``, ``index`` (decoded with that tensor's
 strides, out of range), ``shape``, ``strides`` (in elements), ``lanes`` (how many lanes of that access strayed), ``program``,
 ``inside_buffer`` and ``steps``: the element step along each axis of the access's block of
 addresses, so a row stride the kernel got wrong shows), ``guard_writes``
@@ -39,19 +40,22 @@ are traced; ``docs/kernels.md`` describes the exercises.
 """
 from __future__ import annotations
 
+import ast
 import functools
+import inspect
 import math
+import textwrap
 from types import FunctionType
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from ..validation import instance, power_of_two
+from ..validation import instance, positive_number, power_of_two
 from . import check_tile, import_triton
 from .gemv import check_gemv_inputs
 
-__all__ = ["triton", "tl", "TritonUnavailable", "NEEDS_TRITON", "launcher", "LAUNCHERS", "launch_gemv",
+__all__ = ["triton", "tl", "TritonUnavailable", "NEEDS_TRITON", "launcher", "LAUNCHERS", "launch_gemv", "launch_rms_norm",
            "is_triton_kernel", "guarded", "guard_changed", "GUARD_ROWS", "GUARD_COLUMNS", "SENTINEL"]
 
 #: Rows of poison above and below each guarded 2-D tensor, and elements before and after a 1-D one.
@@ -144,11 +148,121 @@ def _learner_kernel(kernel, name: str) -> bool:
     if str(getattr(kernel.fn, "__module__", "") or "").startswith("course_lib"):
         raise ValueError(f"{name} is course_lib's kernel {kernel.fn.__module__}.{kernel.fn.__qualname__}; the "
                          "exercise asks for your own")
+    _check_kernel_source(kernel, name)
     interpreted = type(kernel).__name__ == "InterpretedFunction"
     if not interpreted and not torch.cuda.is_available():
         raise ValueError(f"{name} was compiled for a GPU, and there is none here: set TRITON_INTERPRET=1 before "
                          "the cell that defines it runs (the lab's set-up cell does this), then run that cell again")
     return interpreted
+
+
+# -- what a kernel's body may use -----------------------------------------------------------------
+#: Python builtins a kernel body may name: those Triton's compiler accepts in a kernel, and the
+#: exceptions a stub or a check raises.
+KERNEL_BUILTINS = frozenset({"range", "min", "max", "float", "int", "bool", "abs", "len", "print", "isinstance",
+                             "zip", "enumerate", "NotImplementedError", "ValueError", "AssertionError"})
+#: Statements and expressions Triton's compiler does not accept in a kernel; under the interpreter they
+#: would run as plain Python (an import, a nested function, a comprehension reaching the launcher's data).
+_REFUSED_NODES = {ast.Import: "an import", ast.ImportFrom: "an import", ast.Global: "a global statement",
+                  ast.Nonlocal: "a nonlocal statement", ast.Lambda: "a lambda", ast.FunctionDef: "a nested function",
+                  ast.AsyncFunctionDef: "a nested function", ast.ClassDef: "a class", ast.Try: "a try statement",
+                  ast.With: "a with statement", ast.Delete: "a del statement", ast.ListComp: "a comprehension",
+                  ast.SetComp: "a comprehension", ast.DictComp: "a comprehension", ast.GeneratorExp: "a generator",
+                  ast.Yield: "a yield", ast.YieldFrom: "a yield", ast.Await: "an await", ast.NamedExpr: "a := expression"}
+
+
+def _value_attributes() -> frozenset[str]:
+    """Attributes a kernel may read on its values (tensors, pointers, dtypes, constexprs): the public
+    ones of ``tl.tensor`` and ``tl.dtype`` and a few of their fields; never the interpreter's
+    ``handle`` (raw numpy data) or anything starting with ``_``."""
+    names = {n for cls in (tl.tensor, tl.dtype) for n in dir(cls) if not n.startswith("_")}
+    return frozenset((names | {"dtype", "shape", "element_ty", "numel", "value", "primitive_bitwidth"}) - {"handle"})
+
+
+def _language_object(obj) -> bool:
+    """Whether OBJ, reached as an attribute of triton or triton.language, is part of the language: a
+    triton.language module, or something defined in triton (a function, a dtype, a constexpr)."""
+    if inspect.ismodule(obj):
+        return obj.__name__ == "triton" or obj.__name__.startswith("triton.language")
+    module = getattr(type(obj), "__module__", "") if not callable(obj) else getattr(obj, "__module__", "")
+    return str(module or "").startswith("triton")
+
+
+def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
+    """Refuse a kernel whose body uses what Triton's compiler would refuse (module docstring): only its
+    arguments and locals, triton / triton.language, constants, other ``@triton.jit`` functions and
+    ``KERNEL_BUILTINS``; attributes of values from ``_value_attributes``. Under the interpreter a body
+    runs as Python, so without this a "kernel" could compute its answer in PyTorch or read the
+    launcher's memory; a GPU would not compile it.
+
+    Raises:
+        TypeError: naming the construct or name that is not Triton, and its line.
+    """
+    seen = set() if seen is None else seen
+    if id(kernel) in seen:
+        return
+    seen.add(id(kernel))
+    fn = kernel.fn
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError) as exc:
+        raise TypeError(f"{name}: the kernel's source cannot be read ({exc}); define it in a notebook cell or a file") from None
+    top = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    if top is None:
+        raise TypeError(f"{name}: no function definition in the kernel's source")
+    line0 = fn.__code__.co_firstlineno - 1
+    local = {a.arg for a in top.args.args + top.args.kwonlyargs + top.args.posonlyargs}
+    for node in ast.walk(top):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            local.add(node.id)
+    value_attributes = _value_attributes()
+
+    def refuse(node, what: str):
+        raise TypeError(f"{name}, line {line0 + getattr(node, 'lineno', 1)}: {what}. A Triton kernel may use only its "
+                        "arguments, triton.language (tl), constants and other @triton.jit functions; a GPU would not "
+                        "compile this, and here it would run as plain Python")
+
+    def resolve(node):
+        """The object a chain of attributes on a global name stands for, or None when it starts elsewhere."""
+        if isinstance(node, ast.Name):
+            if node.id in local or node.id not in fn.__globals__:
+                return None
+            value = fn.__globals__[node.id]
+            if inspect.ismodule(value) and not _language_object(value):
+                refuse(node, f"`{node.id}` is the module {value.__name__}, not triton.language")
+            return value
+        if isinstance(node, ast.Attribute):
+            base = resolve(node.value)
+            if base is None or not inspect.ismodule(base):
+                return None
+            if node.attr.startswith("_") or not hasattr(base, node.attr):
+                refuse(node, f"{ast.unparse(node)} is not part of triton.language")
+            obj = getattr(base, node.attr)
+            if not _language_object(obj):
+                refuse(node, f"{ast.unparse(node)} is not part of triton.language")
+            return obj
+        return None
+
+    for node in ast.walk(top):
+        if node is not top and type(node) in _REFUSED_NODES:
+            refuse(node, f"{_REFUSED_NODES[type(node)]}")
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in local:
+            if node.id in fn.__globals__:
+                value = fn.__globals__[node.id]
+                if is_triton_kernel(value):
+                    if not str(getattr(value.fn, "__module__", "")).startswith("triton"):
+                        _check_kernel_source(value, f"{name} -> {node.id}", seen)
+                elif not (inspect.ismodule(value) and _language_object(value)) and not (
+                        type(value) in (int, float, bool) or isinstance(value, tl.constexpr)):
+                    refuse(node, f"`{node.id}` is {type(value).__module__}.{type(value).__qualname__}")
+            elif node.id not in KERNEL_BUILTINS:
+                refuse(node, f"`{node.id}` is not a Triton builtin")
+        if isinstance(node, ast.Attribute):
+            if node.attr.startswith("_"):
+                refuse(node, f"the attribute {node.attr} is private")
+            if resolve(node.value) is None and node.attr not in value_attributes:
+                refuse(node, f"`.{node.attr}` is not an attribute of a Triton value")
+            resolve(node)
 
 
 # -- guarded buffers ------------------------------------------------------------------------------
@@ -230,10 +344,23 @@ def _steps(addresses: np.ndarray, itemsize: int) -> list[int | None]:
     return steps
 
 
+def _undefined(interpreter, ptrs):
+    """What a masked lane of a load without ``other=`` reads in a traced launch: NaN for float32 and
+    float64 (a GPU leaves those lanes undefined; the interpreter alone would read 0, hiding the
+    missing ``other``), None (the interpreter's zeros) for other dtypes."""
+    dtype = ptrs.get_element_ty()
+    np_dtype = interpreter._get_np_dtype(dtype)
+    if np_dtype not in (np.float32, np.float64):
+        return None
+    return interpreter.TensorHandle(np.full(np.shape(ptrs.data), np.nan, dtype=np_dtype), dtype)
+
+
 class _Trace:
-    """Checks every lane of the interpreter's loads and stores against the launch's tensors (the
-    methods ``InterpreterBuilder.create_masked_load`` / ``create_masked_store``, which every
-    ``tl.load`` / ``tl.store`` reaches, masked or not, are wrapped while it is active)."""
+    """Checks every lane of the interpreter's loads, stores and atomics against the launch's tensors
+    (the methods ``InterpreterBuilder.create_masked_load`` / ``create_masked_store``, which every
+    ``tl.load`` / ``tl.store`` reaches, masked or not, and ``create_atomic_rmw`` / ``create_atomic_cas``
+    are wrapped while it is active). A lane must address a whole element: a pointer cast to a wider
+    type must cover elements of the same tensor."""
 
     def __init__(self, regions: Sequence[_Region]) -> None:
         self.regions = list(regions)
@@ -244,13 +371,18 @@ class _Trace:
 
     def _check(self, op: str, builder, ptrs, mask) -> None:
         addresses = np.asarray(ptrs.data).astype(np.int64)
-        lanes = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
-        active = addresses[lanes].reshape(-1)
+        if mask is None:
+            active = addresses.reshape(-1)
+        else:
+            active = addresses[np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)].reshape(-1)
         if active.size == 0:
             return
+        width = max(1, int(getattr(ptrs.get_element_ty(), "primitive_bitwidth", 8)) // 8)
         claimed = np.zeros(active.size, dtype=bool)
         for region in self.regions:
             inside, _ = region.index(active)
+            if width > region.itemsize:     # a wider type through a cast pointer: its last element too
+                inside &= region.index(active + (width - region.itemsize))[0]
             hits = int(inside.sum())
             if hits:
                 counts = self.counts[op]
@@ -281,7 +413,7 @@ class _Trace:
             return interpreter.InterpretedFunction(jit_self.fn)(*args, **kwargs)
 
         JITFunction.__call__ = interpreted_call
-        self._saved = (JITFunction, jit_call, None, None, None)
+        self._saved = (JITFunction, jit_call, None, None, None, None, None)
         builder = getattr(interpreter, "InterpreterBuilder", None)
         load = getattr(builder, "create_masked_load", None)
         store = getattr(builder, "create_masked_store", None)
@@ -289,25 +421,41 @@ class _Trace:
             return self               # this triton's interpreter cannot be traced: the guards remain
         trace = self
 
-        def traced_load(builder_self, ptrs, mask, *args, **kwargs):
+        def traced_load(builder_self, ptrs, mask, other=None, *args, **kwargs):
             trace._check("load", builder_self, ptrs, mask)
-            return load(builder_self, ptrs, mask, *args, **kwargs)
+            if other is None:     # masked lanes without other=: undefined on a GPU, NaN here
+                other = _undefined(interpreter, ptrs)
+            return load(builder_self, ptrs, mask, other, *args, **kwargs)
 
         def traced_store(builder_self, ptrs, value, mask, *args, **kwargs):
             trace._check("store", builder_self, ptrs, mask)
             return store(builder_self, ptrs, value, mask, *args, **kwargs)
 
-        self._saved = (JITFunction, jit_call, builder, load, store)
+        rmw, cas = getattr(builder, "create_atomic_rmw", None), getattr(builder, "create_atomic_cas", None)
+
+        def traced_rmw(builder_self, op, ptrs, value, mask, *args, **kwargs):
+            trace._check("atomic", builder_self, ptrs, mask)
+            return rmw(builder_self, op, ptrs, value, mask, *args, **kwargs)
+
+        def traced_cas(builder_self, ptrs, *args, **kwargs):
+            trace._check("atomic", builder_self, ptrs, None)
+            return cas(builder_self, ptrs, *args, **kwargs)
+
+        self._saved = (JITFunction, jit_call, builder, load, store, rmw, cas)
         builder.create_masked_load, builder.create_masked_store = traced_load, traced_store
+        if rmw is not None and cas is not None:
+            builder.create_atomic_rmw, builder.create_atomic_cas = traced_rmw, traced_cas
         self.active = True
         return self
 
     def __exit__(self, *exc) -> None:
         if self._saved is not None:
-            jit_function, jit_call, builder, load, store = self._saved
+            jit_function, jit_call, builder, load, store, rmw, cas = self._saved
             jit_function.__call__ = jit_call
             if builder is not None:
                 builder.create_masked_load, builder.create_masked_store = load, store
+            if rmw is not None and cas is not None:
+                builder.create_atomic_rmw, builder.create_atomic_cas = rmw, cas
 
 
 def _launch(kernel, name: str, interpreted: bool, grid: tuple[int, ...], args: Sequence,
@@ -329,14 +477,22 @@ def _launch(kernel, name: str, interpreted: bool, grid: tuple[int, ...], args: S
         else:
             kernel[grid](*args, **constexprs)
             torch.cuda.synchronize()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:       # the kernel's own exception is the report's error
         if trace.violation is None:
             cause = exc.__cause__ if type(exc).__name__ == "InterpreterError" and exc.__cause__ is not None else exc
-            report["error"] = f"{type(cause).__name__}: {cause}"[:1500]
+            report["error"] = f"{type(cause).__name__}: {_message(cause)}"[:1500]
     report["violation"] = trace.violation
     report["loaded"], report["stored"] = trace.counts["load"], trace.counts["store"]
     report["guard_writes"] = [n for n, (view, buffer) in outputs.items() if guard_changed(view, buffer)]
     return report
+
+
+def _message(exc: BaseException) -> str:
+    """str(EXC), or a stand-in when its __str__ raises (a learner's exception may)."""
+    try:
+        return str(exc)
+    except Exception:
+        return "<its message could not be read>"
 
 
 def _device(interpreted: bool) -> str:
@@ -385,9 +541,56 @@ def launch_gemv(kernel, W: torch.Tensor, x: torch.Tensor, *, block_m: int, block
     return y_view.detach().to("cpu").clone(), report
 
 
+def launch_rms_norm(kernel, x: torch.Tensor, weight: torch.Tensor, eps: float, *, block_d: int
+                    ) -> tuple[torch.Tensor, dict]:
+    """Launch a learner's batch-invariant RMSNorm kernel: y = x * rsqrt(mean(x^2) + eps) * weight (Lab 6).
+
+    The kernel's signature: ``rms_norm_kernel(x_ptr, w_ptr, y_ptr, R, D, stride_xr, stride_yr, eps,
+    BLOCK_D: tl.constexpr)``; row ``r`` of x starts ``r * stride_xr`` elements after ``x_ptr`` (row
+    ``r`` of y ``r * stride_yr`` after ``y_ptr``), columns contiguous; w holds D contiguous values.
+    The grid is ``(R,)``: program ``r`` owns row ``r``.
+
+    Args:
+        kernel: the learner's ``@triton.jit`` function.
+        x: (R, D) float32; weight: (D,) float32; eps: a finite number > 0. Copied into guarded buffers.
+        block_d: a power of two, the kernel's BLOCK_D.
+
+    Returns:
+        (y, report): y (R, D) float32 on the CPU, NaN where the kernel stored nothing; the report as
+        the module docstring describes.
+
+    Raises:
+        TypeError / ValueError: x or weight not float32 tensors of shapes (R, D) and (D,), R or D
+            zero, eps not finite and > 0, block_d not a power of two, KERNEL not a learner's
+            @triton.jit function. TritonUnavailable: triton does not import.
+    """
+    instance("x", x, torch.Tensor)
+    instance("weight", weight, torch.Tensor)
+    if x.dim() != 2 or weight.dim() != 1 or weight.shape[0] != x.shape[1] or min(x.shape) == 0:
+        raise ValueError(f"rms_norm_kernel needs x (R, D) and weight (D,) with R, D >= 1, got {tuple(x.shape)} and "
+                         f"{tuple(weight.shape)}")
+    if x.dtype != torch.float32 or weight.dtype != torch.float32:
+        raise ValueError(f"x and weight must be float32, got {x.dtype} and {weight.dtype}")
+    eps = positive_number("eps", eps, note="added to mean(x^2) under the square root")
+    block_d = power_of_two("block_d", block_d, note="tl.arange needs one")
+    check_tile("rms_norm_kernel", block_d=block_d)
+    interpreted = _learner_kernel(kernel, "rms_norm_kernel")
+    device = _device(interpreted)
+    R, D = x.shape
+    x_view, x_buffer = _guarded_input(x, device)
+    w_view, w_buffer = _guarded_input(weight, device)
+    y_view, y_buffer = guarded((R, D), torch.float32, device, SENTINEL)
+    y_view.fill_(math.nan)
+    report = _launch(kernel, "rms_norm_kernel", interpreted, (R,),
+                     (x_view, w_view, y_view, R, D, x_view.stride(0), y_view.stride(0), float(eps)),
+                     {"BLOCK_D": block_d}, {"x": (x_view, x_buffer), "weight": (w_view, w_buffer)},
+                     {"y": (y_view, y_buffer)})
+    return y_view.detach().to("cpu").clone(), report
+
+
 #: The course's launcher of each kernel exercise, by name (the grading judge's call requests name
 #: one: ``course_grader.remote.answer_call`` launches the learner's kernel through it).
-LAUNCHERS: dict[str, Callable] = {"gemv": launch_gemv}
+LAUNCHERS: dict[str, Callable] = {"gemv": launch_gemv, "rms_norm": launch_rms_norm}
 
 
 def launcher(kernel, exercise: str) -> Callable:
