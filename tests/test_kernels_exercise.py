@@ -314,3 +314,51 @@ def test_a_body_that_is_python_rather_than_triton_is_refused_before_it_runs(kern
 def test_only_nbgraders_bare_stub_counts_as_unwritten():
     with pytest.raises(ContractError, match="your kernel raised NotImplementedError: I did write it"):
         lab01.check_gemv_kernel(says_not_implemented, seed=0, cases=1)
+
+
+# -- Lab 4's W4A16 kernel --------------------------------------------------------------------------
+_ZEROS_ALWAYS = ("        if HAS_ZEROS:\n            z = tl.load(z_ptr + rows[:, None] * stride_zn + group, mask=ok, other=0).to(tl.float32)",
+                 "        z = tl.load(z_ptr + rows[:, None] * stride_zn + group, mask=ok, other=0).to(tl.float32)\n"
+                 "        if HAS_ZEROS:")
+
+
+@pytest.mark.slow
+def test_the_w4a16_solution_equals_dequantise_then_matmul_on_the_real_down_proj():
+    """The issue's real-weights case: block 3's down_proj (576 x 1536) of SmolLM2, int4 g64, one token,
+    signed and zero-point codes; each packed byte is loaded by the lanes of its two codes, no more."""
+    from course_lib import quant
+    from course_lib.data import load_smollm2
+    from solutions import solution_functions
+
+    kernel = solution_functions("04_quantization").w4a16_kernel
+    model, _, _ = load_smollm2()
+    W = dict(quant.linear_layers(model))["layers.3.down_proj"].weight.detach()
+    x = torch.randn(1, W.shape[1], generator=torch.Generator().manual_seed(0))
+    for symmetric in (True, False):
+        packed = quant.pack_weight(W, 64, symmetric=symmetric, scale_dtype="fp16")
+        zeros = None if symmetric else packed.zeros.to(torch.uint8)
+        y, report = launcher(kernel, "w4a16")(x, packed.packed, packed.scales, 64, zeros, block_n=32, block_k=64)
+        w_hat = packed.dequantize()
+        bound = 4 * W.shape[1] * 2.0 ** -24 * (x.abs() @ w_hat.abs().T) + 1e-30
+        assert report["violation"] is None and report["error"] is None
+        assert bool(((y - x @ w_hat.T).abs() <= bound).all())
+        assert report["loaded"]["packed"] == W.numel() and report["loaded"]["scales"] == W.numel()
+
+
+def test_w4a16_zero_points_read_without_any_are_named():
+    from course_lib.grading import lab04
+    from course_lib.grading.tables import Edit
+    from solutions import solution_functions
+
+    kernel = solution_functions("04_quantization", (Edit("w4a16_kernel", *_ZEROS_ALWAYS),)).w4a16_kernel
+    with pytest.raises(ContractError, match=r"loaded from zeros\[0\], outside its shape \(0,\)(.|\n)*only under `if HAS_ZEROS:`"):
+        lab04.check_w4a16_kernel(kernel, seed=0, cases=1)
+
+
+def test_check_w4a16_kernel_passes_the_solution_on_many_seeds():
+    from course_lib.grading import lab04
+    from solutions import solution_functions
+
+    kernel = solution_functions("04_quantization").w4a16_kernel
+    for seed in range(6):
+        lab04.check_w4a16_kernel(kernel, seed=seed, cases=5)

@@ -14,7 +14,10 @@ themselves tested against hand-computed figures and llama.cpp's GGUF blocks):
 - windows: exactly the reference's token windows;
 - perplexity: the reference's (exp of the mean loss over all predictions, float64) to a
   relative 1e-4 on the same model and windows;
-- SmoothQuant scales: the reference's to a relative 1e-5.
+- SmoothQuant scales: the reference's to a relative 1e-5;
+- the W4A16 kernel (``check_w4a16_kernel``): launched by the course under Triton's interpreter with
+  its loads and stores traced, equal to dequantise-then-matmul within float32 rounding, signed and
+  zero-point codes, ragged sizes, odd K, groups that do not divide a tile.
 
 When a contract fails, the checker evaluates the known faults of Lab 4 on the same inputs
 (qmax = 2^(b-1); the scale from the signed maximum instead of the absolute maximum; the zero
@@ -33,6 +36,7 @@ Learner signatures (``docs/quantization.md``):
     split_windows(ids, window, n_eval, n_calib) -> (eval (n_eval, window), calib (n_calib, window)) int64
     perplexity(model, windows (n, T) int64) -> float
     smoothquant_scales(act_absmax (in,), weight (out, in), alpha) -> float32 (in,)
+    w4a16_kernel: a @triton.jit kernel, launched by course_lib.kernels.exercise.launch_w4a16
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ from typing import Callable
 
 import torch
 
+from ..kernels.w4a16 import reference_w4a16
 from ..models.decoder import toy_decoder
 from ..quant import formats as Q
 from ..quant import packing as P
@@ -49,7 +54,8 @@ from ..quant.perplexity import perplexity as reference_perplexity
 from ..quant.perplexity import token_windows
 from ..quant import smoothquant as SQ
 from .contracts import (ContractError, attempts, call_on_copies, check_int, check_own_function, check_real,
-                        check_tensor, close, diagnose, is_grader_error)
+                        check_tensor, close, diagnose, is_grader_error, with_diagnosis)
+from .kernel_checks import launch_case
 from .tables import Contract, Edit, Fault, check_tables
 
 __all__ = ["check_quantize_symmetric", "check_quantize_asymmetric", "check_int4_nbytes", "check_pack_int4",
@@ -703,6 +709,150 @@ def check_smoothquant_scales(fn: Callable, seed: int = 0, cases: int = 4) -> Non
         }, _same_smoothing)
 
 
+# -- exercise 8: the W4A16 kernel ---------------------------------------------------------------
+#: (BLOCK_N, BLOCK_K) pairs the checker launches with.
+W4A16_BLOCKS = ((16, 16), (16, 32), (32, 16), (32, 64))
+
+
+def w4a16_kernel_cases(rng: random.Random, cases: int) -> list[tuple]:
+    """(M, N, K, G, zero_points, BLOCK_N, BLOCK_K, x dtype) per case. Case 0: signed codes, N and K
+    both ragged over at least two K tiles, groups that do not divide BLOCK_K; case 1: zero points,
+    odd K (odd G: a padding nibble ends each packed row), one row of x; case 2: signed, bfloat16
+    activations; then random. Sizes stay small: the interpreter runs every program in Python."""
+    drawn = []
+    for case in range(cases):
+        bn, bk = W4A16_BLOCKS[rng.randrange(len(W4A16_BLOCKS))]
+        zero_points = case == 1 or (case > 2 and rng.random() < 0.5)
+        if case == 0:
+            bn, bk = 16, 32
+            g = rng.choice((12, 24, 20))
+            groups = rng.choice([t for t in range(2, 12) if (g * t) % bk and g * t > bk])
+        elif case == 1:
+            g, groups = rng.choice((3, 5, 7, 9)), rng.randint(3, 7)
+        else:
+            g = rng.choice((2, 4, 6, 8, 16, 32))
+            groups = rng.randint(1, max(1, 96 // g))
+        m = 1 if case == 1 else rng.randint(1, 3)
+        n = bn * rng.randint(1, 2) + rng.randint(1, bn - 1) if case < 3 else rng.randint(1, 40)
+        dtype = torch.bfloat16 if case == 2 or (case > 2 and rng.random() < 0.3) else torch.float32
+        drawn.append((m, n, g * groups, g, zero_points, bn, bk, dtype))
+    return drawn
+
+
+def _w4a16_stray(n: int, k: int) -> Callable[[dict], str]:
+    """The diagnosis of a W4A16 kernel's stray access (``kernel_checks.launch_case``'s name_stray)."""
+    def name(v: dict) -> str:
+        tensor, index = v["tensor"], v["index"]
+        if tensor == "zeros" and not v["shape"][0]:
+            return "HAS_ZEROS is False, and then z_ptr points to an empty tensor: load zero points only under `if HAS_ZEROS:`"
+        if not v["inside_buffer"]:
+            return ("an address far from every tensor: an offset is wrong (code k of W's row n is in byte "
+                    "p_ptr + n * stride_pn + k // 2; its scale at s_ptr + n * stride_sn + k // G; x[m, k] at "
+                    "x_ptr + m * stride_xm + k; y[m, n] at y_ptr + m * stride_ym + n)")
+        if len(index) == 2 and tensor in ("packed", "scales", "zeros", "x") and index[1] >= v["shape"][1]:
+            what = {"packed": "the packed codes", "scales": "the scales", "zeros": "the zero points", "x": "x"}[tensor]
+            return (f"the tail mask is left out of the load of {what}: the last tile of BLOCK_K columns goes past "
+                    f"column {k - 1} (mask the columns with cols < K)")
+        if len(index) == 2 and tensor in ("packed", "scales", "zeros", "y") and index[tensor == "y"] >= n:
+            return (f"the row mask is left out: the last program's rows of W go past row {n - 1} (mask them with "
+                    "rows < N)")
+        return ""
+    return name
+
+
+def _w4a16_variant(x, codes, scales, g, zeros, *, swap=False, unsigned=False, signed=False, no_zero=False,
+                   byte_group=False):
+    """y from codes read with one fault: nibbles of each byte swapped, signed codes read as 0..15, zero-point
+    codes sign-extended, the zero point left out, or the group of code k taken as (k // 2) // G."""
+    q = codes.to(torch.int64)
+    if swap:
+        nibbles = q & 0xF
+        if nibbles.shape[1] % 2:
+            nibbles = torch.nn.functional.pad(nibbles, (0, 1))
+        nibbles = nibbles.reshape(nibbles.shape[0], -1, 2).flip(-1).reshape(nibbles.shape[0], -1)[:, :q.shape[1]]
+        q = nibbles if zeros is not None else torch.where(nibbles > 7, nibbles - 16, nibbles)
+    if unsigned:
+        q = q & 0xF
+    if signed:
+        q = torch.where(q > 7, q - 16, q)
+    k = torch.arange(q.shape[1])
+    group = (k // 2) // g if byte_group else k // g
+    w = q.double()
+    if zeros is not None and not no_zero:
+        w = w - zeros.double()[:, group]
+    w = w * scales.double()[:, group]
+    return x.double() @ w.T
+
+
+def check_w4a16_kernel(kernel, seed: int = 0, cases: int = 3) -> None:
+    """Contract: the learner's ``@triton.jit`` W4A16 kernel computes y = x @ W_hat^T with W_hat
+    dequantised from packed int4 codes in registers, launched by the course
+    (``course_lib.kernels.exercise.launch_w4a16``: the grid, the allocation, BLOCK_N and BLOCK_K from
+    ``W4A16_BLOCKS``) under Triton's interpreter, on the cases ``w4a16_kernel_cases`` draws:
+
+    - every lane it loads or stores addresses an element of x, packed, scales, zeros or y (each sits in
+      a buffer whose rows are wider than the tensor's, so a missing column mask shows on every row);
+    - y equals ``course_lib.kernels.w4a16.reference_w4a16`` (dequantise in float32, then multiply)
+      within float32 rounding: |y - ref| <= 4 K 2^-24 sum_k |x_mk w_hat_nk| + 1e-30.
+    Codes span all 16 values; scales are float16 in [0.01, 0.1]; zero points uint8 in 0..15."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for case, (m, n, k, g, zero_points, bn, bk, dtype) in enumerate(w4a16_kernel_cases(rng, cases)):
+        low, high = (0, 16) if zero_points else (-8, 8)
+        codes = torch.randint(low, high, (n, k), generator=gen, dtype=torch.int16)
+        packed = P.pack_int4(torch.where(codes > 7, codes - 16, codes).to(torch.int8))
+        scales = (0.01 + 0.09 * torch.rand(n, k // g, generator=gen)).half()
+        zeros = torch.randint(0, 16, (n, k // g), generator=gen, dtype=torch.uint8) if zero_points else None
+        x = torch.randn(m, k, generator=gen).to(dtype)
+        what = (f"w4a16_kernel(case {case}: x {m} x {k} {str(dtype).replace('torch.', '')}, W {n} x {k} int4 "
+                f"{'with zero points' if zero_points else 'signed'}, G {g}, BLOCK_N {bn}, BLOCK_K {bk})")
+
+        def run(x_in):
+            y = launch_case(kernel, "w4a16", what, _w4a16_stray(n, k), x_in, packed, scales, g, zeros,
+                            block_n=bn, block_k=bk)
+            return check_tensor(f"{what}: y", y, shape=(m, n), dtype=torch.float32, allow_nan=True)
+
+        y = run(x)
+        unwritten = torch.isnan(y).nonzero().tolist()
+        if unwritten:
+            raise ContractError(f"{what}: y{unwritten[0]} and {len(unwritten) - 1} more never stored (y starts as NaN), "
+                                "or computed from a NaN. Program (m, j) owns y[m, j * BLOCK_N : (j + 1) * BLOCK_N], "
+                                "and a masked load without other= reads NaN in its masked lanes here (on a GPU they "
+                                "are undefined)")
+        expected = reference_w4a16(x, packed, scales, g, zeros)
+        q = codes.double() - (zeros.double().repeat_interleave(g, dim=1) if zeros is not None else 0)
+        w_abs = (q * scales.double().repeat_interleave(g, dim=1)).abs()
+        bound = 4 * k * 2.0 ** -24 * (x.double().abs() @ w_abs.T) + 1e-30
+        err = (y.double() - expected.double()).abs()
+        if bool((err <= bound).all()):
+            continue
+        r, c = (int(i) for i in (err > bound).nonzero()[0])
+        failure = ContractError(f"{what}: y[{r}, {c}] = {float(y[r, c]):.6g}, expected {float(expected[r, c]):.6g} "
+                                f"(|diff| {float(err[r, c]):.3g} > allowed {float(bound[r, c]):.3g}); "
+                                f"{int((err > bound).sum())} of {y.numel()} values over")
+        if dtype == torch.bfloat16 and bool(((run(x.float()).double() - expected.double()).abs() <= bound).all()):
+            raise with_diagnosis(failure, (
+                "right for float32 activations, wrong for bfloat16 ones: arithmetic on the bfloat16 values "
+                "themselves. Convert x's tile with .to(tl.float32) after loading it (Triton's interpreter computes "
+                "garbage from bfloat16's raw bits; a GPU would round every product to bfloat16)"), likely=False)
+        xf = x.float()
+        variants = {
+            "the nibble order swapped: code k is in the LOW nibble (bits 0-3) of byte k // 2 when k is even, the "
+            "high nibble when k is odd": lambda: _w4a16_variant(xf, codes, scales, g, zeros, swap=True),
+            "the group of code k taken from its byte, (k // 2) // G, instead of k // G":
+                lambda: _w4a16_variant(xf, codes, scales, g, zeros, byte_group=True),
+        }
+        if zeros is None:
+            variants["signed codes read as 0..15: without zero points a nibble above 7 is negative (sign-extend it: "
+                     "(q ^ 8) - 8)"] = lambda: _w4a16_variant(xf, codes, scales, g, zeros, unsigned=True)
+        else:
+            variants["zero-point codes sign-extended: with zero points the codes are unsigned, 0..15"] = \
+                lambda: _w4a16_variant(xf, codes, scales, g, zeros, signed=True)
+            variants["the zero point left out: w_hat = (q - z) * s"] = \
+                lambda: _w4a16_variant(xf, codes, scales, g, zeros, no_zero=True)
+        raise diagnose(failure, y, variants, lambda got, cand: bool(((got.double() - cand).abs() <= bound).all()))
+
+
 # -- the lab's declared tables (see tables.py) -------------------------------------------------
 #: Everything in course_lib that quantises or dequantises a weight: the quantisation exercises' references.
 _QUANTIZERS = ("course_lib.quant.formats.quantize", "course_lib.quant.formats.dequantize",
@@ -730,6 +880,7 @@ CONTRACTS = (
              references=("course_lib.quant.perplexity.perplexity", "course_lib.quant.perplexity.window_nll")),
     Contract("test_smoothquant_scales", check_smoothquant_scales, ("smoothquant_scales",),
              references=("course_lib.quant.smoothquant.smoothing_scales",)),
+    Contract("test_w4a16_kernel", check_w4a16_kernel, ("w4a16_kernel",), launcher="w4a16"),
 )
 
 FAULTS = (
@@ -781,5 +932,22 @@ FAULTS = (
           (Edit("smoothquant_scales", "x_max = act_absmax.clamp(min=1e-5)", "x_max = act_absmax"),),
           {"test_smoothquant_scales": "activation maxima not clamped"},
           "clamps the weight maxima but not the activation maxima, so a channel that never fires gets s = 0"),
+    Fault("w4a16_nibble_order_swapped",
+          (Edit("w4a16_kernel", "q = (byte >> (4 * (cols % 2))[None, :]) & 0xF",
+                "q = (byte >> (4 - 4 * (cols % 2))[None, :]) & 0xF"),),
+          {"test_w4a16_kernel": "nibble order swapped"},
+          "reads even codes from the high nibble and odd codes from the low one"),
+    Fault("w4a16_sign_extension_left_out",
+          (Edit("w4a16_kernel", "w = ((q ^ 8) - 8).to(tl.float32) * s", "w = q.to(tl.float32) * s"),),
+          {"test_w4a16_kernel": "signed codes read as 0..15"},
+          "reads signed codes as unsigned nibbles: -1 becomes 15"),
+    Fault("w4a16_tail_mask_left_out",
+          (Edit("w4a16_kernel", "ok = row_ok[:, None] & (cols < K)[None, :]", "ok = row_ok[:, None]"),),
+          {"test_w4a16_kernel": "tail mask is left out of the load of the packed codes"},
+          "loads the packed codes, scales and zero points of the last K tile without a column mask"),
+    Fault("w4a16_group_from_byte_index",
+          (Edit("w4a16_kernel", "group = (cols // G)[None, :]", "group = (cols // 2 // G)[None, :]"),),
+          {"test_w4a16_kernel": r"group of code k taken from its byte"},
+          "takes each code's group from its byte index, so the scales run at half speed"),
 )
 check_tables(CONTRACTS, FAULTS)

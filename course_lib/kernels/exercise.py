@@ -54,8 +54,10 @@ import torch
 from ..validation import instance, positive_number, power_of_two
 from . import check_tile, import_triton
 from .gemv import check_gemv_inputs
+from .w4a16 import check_w4a16_inputs
 
 __all__ = ["triton", "tl", "TritonUnavailable", "NEEDS_TRITON", "launcher", "LAUNCHERS", "launch_gemv", "launch_rms_norm",
+           "launch_w4a16",
            "is_triton_kernel", "guarded", "guard_changed", "GUARD_ROWS", "GUARD_COLUMNS", "SENTINEL"]
 
 #: Rows of poison above and below each guarded 2-D tensor, and elements before and after a 1-D one.
@@ -310,6 +312,8 @@ class _Region:
         self.name, self.shape, self.strides = name, tuple(view.shape), tuple(view.stride())
         self.base, self.itemsize = view.data_ptr(), view.element_size()
         self.low, self.high = buffer.data_ptr(), buffer.data_ptr() + buffer.numel() * buffer.element_size()
+        if view.numel() == 0:       # an empty tensor's pointer is not in its buffer (torch gives 0): near it is nearest
+            self.low = self.high = self.base
         self.order = sorted(range(view.dim()), key=lambda d: -self.strides[d])
 
     def index(self, addresses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -588,9 +592,61 @@ def launch_rms_norm(kernel, x: torch.Tensor, weight: torch.Tensor, eps: float, *
     return y_view.detach().to("cpu").clone(), report
 
 
+def launch_w4a16(kernel, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int,
+                 zeros: torch.Tensor | None = None, *, block_n: int, block_k: int) -> tuple[torch.Tensor, dict]:
+    """Launch a learner's W4A16 kernel: y = x @ W_hat^T with W_hat dequantised from packed int4 codes
+    in registers (Lab 4; the format: ``course_lib.kernels.w4a16``, ``docs/quantization.md#int4-packing``).
+
+    The kernel's signature: ``w4a16_kernel(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, N, K, G, stride_xm,
+    stride_pn, stride_sn, stride_zn, stride_ym, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr)``. Row ``m`` of x (row ``n`` of packed, scales, zeros; row ``m`` of y)
+    starts ``m * stride_xm`` (``n * stride_pn``, ...) elements after its pointer, columns contiguous:
+    byte ``k // 2`` of a packed row holds code ``k`` (even k in the low nibble), column ``k // G`` of
+    scales and zeros its group's scale and zero point. With ``HAS_ZEROS`` False the codes are signed
+    nibbles (-8..7) and z_ptr points to an empty tensor. The grid is ``(M, cdiv(N, BLOCK_N))``:
+    program ``(m, j)`` owns y[m, j * BLOCK_N : (j + 1) * BLOCK_N].
+
+    Args:
+        kernel: the learner's ``@triton.jit`` function.
+        x, packed, scales, group_size, zeros: as ``course_lib.kernels.w4a16.reference_w4a16`` (raw
+            tensors): x (M, K), packed uint8 (N, ceil(K/2)), scales (N, K // group_size), zeros None
+            or (N, K // group_size). Copied into guarded buffers.
+        block_n, block_k: powers of two, the kernel's BLOCK_N and BLOCK_K.
+
+    Returns:
+        (y, report): y (M, N) float32 on the CPU, NaN where the kernel stored nothing; the report as
+        the module docstring describes.
+
+    Raises:
+        TypeError / ValueError: as ``reference_w4a16`` for the tensors; a block that is not a power of
+            two or too large a tile; KERNEL not a learner's @triton.jit function.
+            TritonUnavailable: triton does not import.
+    """
+    M, N, K = check_w4a16_inputs(x, packed, scales, group_size, zeros)
+    block_n = power_of_two("block_n", block_n, note="tl.arange needs one")
+    block_k = power_of_two("block_k", block_k, note="tl.arange needs one")
+    check_tile("w4a16_kernel", block_n=block_n, block_k=block_k)
+    interpreted = _learner_kernel(kernel, "w4a16_kernel")
+    device = _device(interpreted)
+    x_view, x_buffer = _guarded_input(x, device)
+    p_view, p_buffer = _guarded_input(packed, device)
+    s_view, s_buffer = _guarded_input(scales, device)
+    z_view, z_buffer = _guarded_input(zeros if zeros is not None else torch.zeros(0, dtype=torch.uint8), device)
+    y_view, y_buffer = guarded((M, N), torch.float32, device, SENTINEL)
+    y_view.fill_(math.nan)
+    stride_z = z_view.stride(0) if zeros is not None else 0
+    report = _launch(kernel, "w4a16_kernel", interpreted, (M, max(1, triton.cdiv(N, block_n))),
+                     (x_view, p_view, s_view, z_view, y_view, N, K, int(group_size), x_view.stride(0),
+                      p_view.stride(0), s_view.stride(0), stride_z, y_view.stride(0)),
+                     {"HAS_ZEROS": zeros is not None, "BLOCK_N": block_n, "BLOCK_K": block_k},
+                     {"x": (x_view, x_buffer), "packed": (p_view, p_buffer), "scales": (s_view, s_buffer),
+                      "zeros": (z_view, z_buffer)}, {"y": (y_view, y_buffer)})
+    return y_view.detach().to("cpu").clone(), report
+
+
 #: The course's launcher of each kernel exercise, by name (the grading judge's call requests name
 #: one: ``course_grader.remote.answer_call`` launches the learner's kernel through it).
-LAUNCHERS: dict[str, Callable] = {"gemv": launch_gemv, "rms_norm": launch_rms_norm}
+LAUNCHERS: dict[str, Callable] = {"gemv": launch_gemv, "rms_norm": launch_rms_norm, "w4a16": launch_w4a16}
 
 
 def launcher(kernel, exercise: str) -> Callable:

@@ -44,7 +44,7 @@ from ..validation import ArgumentTypeError, instance, positive_integer, power_of
 from . import check_tile, fallback_notice, import_triton, kernel_interpreted, notice_once, triton_mode
 
 __all__ = [
-    "reference_w4a16", "w4a16_matmul", "X_DTYPES", "SCALE_DTYPES", "ZERO_DTYPES",
+    "reference_w4a16", "w4a16_matmul", "check_w4a16_inputs", "X_DTYPES", "SCALE_DTYPES", "ZERO_DTYPES",
     "DEFAULT_BLOCK_M", "DEFAULT_BLOCK_N", "DEFAULT_BLOCK_K",
 ]
 
@@ -148,8 +148,8 @@ def _unpack_arguments(packed, scales, group_size, zeros):
     return packed, scales, group_size, zeros, None, None
 
 
-def _check_inputs(x, packed, scales, group_size, zeros, in_features=None) -> tuple[int, int, int]:
-    """Validate the raw arguments; return (M, N, K)."""
+def check_w4a16_inputs(x, packed, scales, group_size, zeros, in_features=None) -> tuple[int, int, int]:
+    """Validate the raw arguments of :func:`reference_w4a16` (its Raises); return (M, N, K)."""
     instance("x", x, torch.Tensor)
     instance("packed", packed, torch.Tensor)
     instance("scales", scales, torch.Tensor)
@@ -228,7 +228,7 @@ def reference_w4a16(
             number in 0..15 (``quant.packing.check_int4_zero_points``).
     """
     packed, scales, group_size, zeros, perm, in_features = _unpack_arguments(packed, scales, group_size, zeros)
-    M, N, K = _check_inputs(x, packed, scales, group_size, zeros, in_features)
+    M, N, K = check_w4a16_inputs(x, packed, scales, group_size, zeros, in_features)
     _check_perm(x, perm)
     if perm is not None:
         x = x[:, perm]  # stored column j holds W column perm[j]
@@ -276,7 +276,7 @@ def w4a16_matmul(
         whose tile exceeds ``MAX_TILE_ELEMENTS``.
     """
     packed, scales, group_size, zeros, perm, in_features = _unpack_arguments(packed, scales, group_size, zeros)
-    M, N, K = _check_inputs(x, packed, scales, group_size, zeros, in_features)
+    M, N, K = check_w4a16_inputs(x, packed, scales, group_size, zeros, in_features)
     _check_perm(x, perm)
     blocks = {}
     for name, value in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k)):
