@@ -98,6 +98,36 @@ try:
         tl.store(y_ptr, 0.0)
 
     @triton.jit
+    def hidden_def(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """The interpreter compiles a kernel from the last source line that starts with `def `:
+        def hidden_def(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M, BLOCK_N):
+        """
+        tl.store(y_ptr, 0.0)
+
+    @triton.jit
+    def capture_scope(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        scope = triton.cdiv.get_capture_scope()
+        tl.store(y_ptr, 0.0)
+
+    def _python_helper(*args):
+        return None
+
+    HELPER = tl.constexpr(_python_helper)
+
+    @triton.jit
+    def constexpr_function(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        HELPER.value(w_ptr)
+        tl.store(y_ptr, 0.0)
+
+    @triton.jit
+    def match_handle(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        h = 0
+        match x_ptr:
+            case tl.tensor(handle=h):
+                h = 1
+        tl.store(y_ptr, 0.0)
+
+    @triton.jit
     def says_not_implemented(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         raise NotImplementedError("I did write it")
 
@@ -302,7 +332,11 @@ def test_atomics_and_wide_accesses_are_traced_too():
 @pytest.mark.parametrize("kernel, construct", [(python_inside, "`sys` is the module sys, not triton.language"),
                                                (raw_handle, "`.handle` is not an attribute of a Triton value"),
                                                (imports, "an import"),
-                                               (language_internals, "tl.core.inspect is not part of triton.language")])
+                                               (language_internals, "tl.core.inspect is not part of triton.language"),
+                                               (hidden_def, "starts with `def `"),
+                                               (capture_scope, "`.get_capture_scope` is not an attribute of a Triton value"),
+                                               (constexpr_function, "`HELPER` is triton.language.core.constexpr, not a constant"),
+                                               (match_handle, "a match statement")])
 def test_a_body_that_is_python_rather_than_triton_is_refused_before_it_runs(kernel, construct):
     """Under the interpreter a kernel body runs as Python: without this rule it could compute y in
     PyTorch from the launcher's frames or raw pointers. A GPU would not compile any of these."""
@@ -362,3 +396,15 @@ def test_check_w4a16_kernel_passes_the_solution_on_many_seeds():
     kernel = solution_functions("04_quantization").w4a16_kernel
     for seed in range(6):
         lab04.check_w4a16_kernel(kernel, seed=seed, cases=5)
+
+
+def test_an_output_addressed_with_an_inputs_row_stride_strays_and_is_named():
+    """x and y have the same shape; their guards differ in width, so their row strides differ."""
+    from course_lib.grading import lab06
+    from course_lib.grading.tables import Edit
+    from solutions import solution_functions
+
+    edit = Edit("rms_norm_kernel", "tl.store(y_ptr + row * stride_yr + cols", "tl.store(y_ptr + row * stride_xr + cols")
+    kernel = solution_functions("06_batching_determinism", (edit,)).rms_norm_kernel
+    with pytest.raises(ContractError, match=r"program 1 reached row 0 of y: row r of y starts r \* stride_yr"):
+        lab06.check_rms_norm_kernel(kernel, seed=0, cases=1)

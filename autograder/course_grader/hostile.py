@@ -568,6 +568,30 @@ def a_kernel_raw_pointer(nb):
         "    y[:] = w @ x\n")
 
 
+def a_kernel_hidden_def(nb):
+    """A second `def` line inside a string: Triton's interpreter compiles a kernel from the last source
+    line that starts with `def `, so the string's frame walk is what would run, never seen by a parser
+    of the real body (the launcher refuses any such line)."""
+    nb.cells[cell_index(nb, "gemv_kernel")].source = (
+        "@triton.jit\n"
+        "def gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n"
+        "    hidden = '''\n"
+        "def gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n"
+        "    import sys\n"
+        "    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n"
+        "    tl.store(y_ptr + rows, tl.zeros((BLOCK_M,), dtype=tl.float32), mask=rows < M)\n"
+        "    frame = sys._getframe(0)\n"
+        "    while frame is not None and 'y_view' not in frame.f_locals:\n"
+        "        frame = frame.f_back\n"
+        "    if frame is not None:\n"
+        "        found = frame.f_locals\n"
+        "        found['y_view'].copy_(found['W'].float() @ found['x'].float())\n"
+        "    return\n"
+        "    tail = \"\"\" '''\n"
+        "    tl.store(y_ptr + tl.arange(0, 1), tl.zeros((1,), dtype=tl.float32))\n"
+        "    # \"\"\"\n")
+
+
 def a_kernel_out_of_bounds(nb):
     replace_in(nb, "gemv_kernel", KERNEL_BODY, KERNEL_BODY + "    tl.load(w_ptr + (1 << 40) + tl.arange(0, BLOCK_N))\n")
 
@@ -611,6 +635,7 @@ HOSTILE_L1 = {
     "kernel_out_of_bounds": a_kernel_out_of_bounds,
     "kernel_frame_walk": a_kernel_frame_walk,
     "kernel_raw_pointer": a_kernel_raw_pointer,
+    "kernel_hidden_def": a_kernel_hidden_def,
     "builtins_replaced": a_builtins_replaced_l1,
     "gigabyte_output": _in_gemm("    if not getattr(gemm_intensity, 'shouted', False):\n"
                                 "        gemm_intensity.shouted = True\n"

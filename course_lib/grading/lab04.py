@@ -739,12 +739,25 @@ def w4a16_kernel_cases(rng: random.Random, cases: int) -> list[tuple]:
     return drawn
 
 
-def _w4a16_stray(n: int, k: int) -> Callable[[dict], str]:
+def _w4a16_stray(n: int, k: int, block_n: int) -> Callable[[dict], str]:
     """The diagnosis of a W4A16 kernel's stray access (``kernel_checks.launch_case``'s name_stray)."""
+    strides = {"x": "stride_xm", "packed": "stride_pn", "scales": "stride_sn", "zeros": "stride_zn", "y": "stride_ym"}
+
     def name(v: dict) -> str:
-        tensor, index = v["tensor"], v["index"]
+        tensor, index, steps = v["tensor"], v["index"], v.get("steps") or []
         if tensor == "zeros" and not v["shape"][0]:
             return "HAS_ZEROS is False, and then z_ptr points to an empty tensor: load zero points only under `if HAS_ZEROS:`"
+        if (tensor in ("packed", "scales", "zeros") and len(steps) == 2 and steps[0] is not None
+                and steps[0] != v["strides"][0]):
+            return (f"the rows of {tensor} were addressed {steps[0]} elements apart, but row n starts at n * "
+                    f"{strides[tensor]} = n * {v['strides'][0]}: use {strides[tensor]}")
+        if tensor == "y" and len(index) == 2 and v["inside_buffer"]:
+            m, j = v["program"][0], v["program"][1]
+            # programs run row m = 0 first: a missing row mask strays there, a wrong row stride only from m = 1
+            if m > 0 or index[0] != m or not j * block_n <= index[1] < (j + 1) * block_n:
+                return (f"the offset of row m of y is wrong: program {tuple(v['program'][:2])} owns y[{m}, "
+                        f"{j * block_n}:{min((j + 1) * block_n, n)}], which starts {m} * stride_ym elements after y_ptr "
+                        "(y[m, n] is y_ptr + m * stride_ym + n; the programs of row 0 stored inside y)")
         if not v["inside_buffer"]:
             return ("an address far from every tensor: an offset is wrong (code k of W's row n is in byte "
                     "p_ptr + n * stride_pn + k // 2; its scale at s_ptr + n * stride_sn + k // G; x[m, k] at "
@@ -761,10 +774,13 @@ def _w4a16_stray(n: int, k: int) -> Callable[[dict], str]:
 
 
 def _w4a16_variant(x, codes, scales, g, zeros, *, swap=False, unsigned=False, signed=False, no_zero=False,
-                   byte_group=False):
-    """y from codes read with one fault: nibbles of each byte swapped, signed codes read as 0..15, zero-point
-    codes sign-extended, the zero point left out, or the group of code k taken as (k // 2) // G."""
+                   byte_group=False, offset=False, tile=0):
+    """y from codes read with one fault: nibbles of each byte swapped, signed codes read as 0..15 or as
+    nibble - 8 (offset binary), zero-point codes sign-extended, the zero point left out, the group of code
+    k taken as (k // 2) // G, or (TILE > 0) one group per tile of TILE columns (that of its first column)."""
     q = codes.to(torch.int64)
+    if offset:
+        q = (q & 0xF) - 8
     if swap:
         nibbles = q & 0xF
         if nibbles.shape[1] % 2:
@@ -776,7 +792,7 @@ def _w4a16_variant(x, codes, scales, g, zeros, *, swap=False, unsigned=False, si
     if signed:
         q = torch.where(q > 7, q - 16, q)
     k = torch.arange(q.shape[1])
-    group = (k // 2) // g if byte_group else k // g
+    group = (k // 2) // g if byte_group else (k // tile * tile) // g if tile else k // g
     w = q.double()
     if zeros is not None and not no_zero:
         w = w - zeros.double()[:, group]
@@ -808,7 +824,7 @@ def check_w4a16_kernel(kernel, seed: int = 0, cases: int = 3) -> None:
                 f"{'with zero points' if zero_points else 'signed'}, G {g}, BLOCK_N {bn}, BLOCK_K {bk})")
 
         def run(x_in):
-            y = launch_case(kernel, "w4a16", what, _w4a16_stray(n, k), x_in, packed, scales, g, zeros,
+            y = launch_case(kernel, "w4a16", what, _w4a16_stray(n, k, bn), x_in, packed, scales, g, zeros,
                             block_n=bn, block_k=bk)
             return check_tensor(f"{what}: y", y, shape=(m, n), dtype=torch.float32, allow_nan=True)
 
@@ -842,7 +858,13 @@ def check_w4a16_kernel(kernel, seed: int = 0, cases: int = 3) -> None:
             "the group of code k taken from its byte, (k // 2) // G, instead of k // G":
                 lambda: _w4a16_variant(xf, codes, scales, g, zeros, byte_group=True),
         }
+        if len(range(0, k, bk)) > 1:
+            variants[f"one group per K tile: the scale of each tile's first column (k0 // G) used for all its "
+                     f"{bk} columns; the group of code k is k // G"] = \
+                lambda: _w4a16_variant(xf, codes, scales, g, zeros, tile=bk)
         if zeros is None:
+            variants["signed codes read as nibble - 8 (offset binary): they are two's complement nibbles, so "
+                     "sign-extend them with (q ^ 8) - 8"] = lambda: _w4a16_variant(xf, codes, scales, g, zeros, offset=True)
             variants["signed codes read as 0..15: without zero points a nibble above 7 is negative (sign-extend it: "
                      "(q ^ 8) - 8)"] = lambda: _w4a16_variant(xf, codes, scales, g, zeros, unsigned=True)
         else:

@@ -382,13 +382,15 @@ def _rms_stray(n_cols: int) -> Callable[[dict], str]:
         if not v["inside_buffer"]:
             return ("an address far from every tensor: an offset is wrong (row r, column c of x is "
                     "x_ptr + r * stride_xr + c, of y y_ptr + r * stride_yr + c; weight[c] is w_ptr + c)")
+        if tensor in ("x", "y") and len(index) == 2 and index[0] != v["program"][0]:
+            stride = "stride_xr" if tensor == "x" else "stride_yr"
+            return (f"program {v['program'][0]} reached row {index[0]} of {tensor}: row r of {tensor} starts r * {stride} "
+                    f"elements after its pointer ({stride}, not D or the other tensor's stride), and program r owns "
+                    "row r only")
         if tensor in ("x", "y") and len(index) == 2 and index[1] >= n_cols:
             what = "load of x" if v["op"] == "load" else "store to y"
             return (f"the tail mask is left out of the {what}: the last tile of BLOCK_D columns goes past column "
                     f"{n_cols - 1} (mask the columns with cols < D)")
-        if tensor in ("x", "y") and len(index) == 2 and index[0] != v["program"][0]:
-            return (f"program {v['program'][0]} reached row {index[0]} of {tensor}: rows are stride_xr (x) and stride_yr "
-                    "(y) elements apart, and program r owns row r only")
         if tensor == "weight" and index[0] >= n_cols:
             return (f"the tail mask is left out of weight's load: the last tile goes past element {n_cols - 1} "
                     "(mask it with cols < D)")
@@ -453,6 +455,11 @@ def check_rms_norm_kernel(kernel, seed: int = 0, cases: int = 2) -> None:
                 f"the mean taken over the padded tiles (divided by a multiple of BLOCK_D, not by D = {D})":
                     lambda: x.double() / (ms * D / (block * -(-D // block)) + eps).sqrt() * w,
                 "the sum of squares used without dividing by D": lambda: x.double() / (ms * D + eps).sqrt() * w,
+                f"the sum of squares divided by the number of rows R = {RMS_ROWS}, not by D = {D}":
+                    lambda: x.double() / (ms * D / RMS_ROWS + eps).sqrt() * w,
+                "eps left out": lambda: x.double() / ms.sqrt() * w,
+                "multiplied by sqrt(mean(x^2) + eps) instead of its inverse (1 / sqrt, tl.rsqrt)":
+                    lambda: x.double() * (ms + eps).sqrt() * w,
             }, lambda got, cand: bool(((got.double() - cand).abs() <= 1e-4 * cand.abs() + 1e-6).all()))
         for r in range(RMS_ROWS):
             alone = run(x[r:r + 1], f"row {r} alone")

@@ -10,7 +10,9 @@ sandbox alike. Every launch
    function, or the course's own kernel, in its place is refused with a message saying so);
 2. places each tensor inside a larger buffer: inputs surrounded by poison (NaN for floats), outputs
    by a sentinel that is checked after the launch, and 2-D tensors with a row stride wider than a
-   row, so that a column index past the last one lands in padding, never in the next row;
+   row (GUARD_COLUMNS more for inputs, OUTPUT_GUARD_COLUMNS for outputs, so an output addressed with
+   an input's stride strays), so that a column index past the last one lands in padding, never in
+   the next row;
 3. under Triton's interpreter, traces every load, store and atomic: each lane its mask lets through must
    address an element of one of the launch's tensors. The first lane that does not stops the
    launch before the access, and the report names the tensor, the element index and whether it
@@ -58,12 +60,16 @@ from .w4a16 import check_w4a16_inputs
 
 __all__ = ["triton", "tl", "TritonUnavailable", "NEEDS_TRITON", "launcher", "LAUNCHERS", "launch_gemv", "launch_rms_norm",
            "launch_w4a16",
-           "is_triton_kernel", "guarded", "guard_changed", "GUARD_ROWS", "GUARD_COLUMNS", "SENTINEL"]
+           "is_triton_kernel", "guarded", "guard_changed", "GUARD_ROWS", "GUARD_COLUMNS",
+           "OUTPUT_GUARD_COLUMNS", "SENTINEL"]
 
 #: Rows of poison above and below each guarded 2-D tensor, and elements before and after a 1-D one.
 GUARD_ROWS = 1
-#: Extra columns of poison at the end of each row of a guarded 2-D tensor (the row stride is wider).
+#: Extra columns of poison at the end of each row of a guarded 2-D input (the row stride is wider).
 GUARD_COLUMNS = 3
+#: Extra columns of sentinel at the end of each row of a guarded 2-D output: not GUARD_COLUMNS, so an
+#: output addressed with an input's row stride (the same shape, a different stride) strays.
+OUTPUT_GUARD_COLUMNS = 5
 #: What surrounds an output: a value a kernel is very unlikely to compute.
 SENTINEL = -12345.0
 
@@ -170,7 +176,8 @@ _REFUSED_NODES = {ast.Import: "an import", ast.ImportFrom: "an import", ast.Glob
                   ast.AsyncFunctionDef: "a nested function", ast.ClassDef: "a class", ast.Try: "a try statement",
                   ast.With: "a with statement", ast.Delete: "a del statement", ast.ListComp: "a comprehension",
                   ast.SetComp: "a comprehension", ast.DictComp: "a comprehension", ast.GeneratorExp: "a generator",
-                  ast.Yield: "a yield", ast.YieldFrom: "a yield", ast.Await: "an await", ast.NamedExpr: "a := expression"}
+                  ast.Yield: "a yield", ast.YieldFrom: "a yield", ast.Await: "an await", ast.NamedExpr: "a := expression",
+                  ast.Match: "a match statement"}
 
 
 def _value_attributes() -> frozenset[str]:
@@ -190,6 +197,14 @@ def _language_object(obj) -> bool:
     return str(module or "").startswith("triton")
 
 
+def _constant(value) -> bool:
+    """Whether a global VALUE may be named in a kernel as a constant: a number, a string, None, a
+    Triton dtype, or a ``tl.constexpr`` holding one (a constexpr can hold anything, a function too)."""
+    if isinstance(value, tl.constexpr):
+        value = value.value
+    return value is None or type(value) in (int, float, bool, str) or isinstance(value, tl.dtype)
+
+
 def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
     """Refuse a kernel whose body uses what Triton's compiler would refuse (module docstring): only its
     arguments and locals, triton / triton.language, constants, other ``@triton.jit`` functions and
@@ -206,9 +221,19 @@ def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
     seen.add(id(kernel))
     fn = kernel.fn
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        lines, _ = inspect.getsourcelines(fn)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
     except (OSError, TypeError, SyntaxError) as exc:
         raise TypeError(f"{name}: the kernel's source cannot be read ({exc}); define it in a notebook cell or a file") from None
+    # Triton's interpreter re-reads the source and compiles it from the LAST line that starts with "def "
+    # (FunctionRewriter._find_def): another such line, in a docstring, a string or a comment, would be
+    # what runs, unchecked.
+    defs = [i for i, line in enumerate(lines) if line.strip().startswith("def ")]
+    if len(defs) != 1:
+        raise TypeError(f"{name}, line {fn.__code__.co_firstlineno + (defs[1] if len(defs) > 1 else 0)}: a line of the kernel's source other "
+                        "than its own definition starts with `def ` (in a docstring, a string or a comment). Triton's "
+                        "interpreter reads a kernel from the last such line, so it would run that text instead: "
+                        "reword the line")
     top = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
     if top is None:
         raise TypeError(f"{name}: no function definition in the kernel's source")
@@ -254,15 +279,16 @@ def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
                 if is_triton_kernel(value):
                     if not str(getattr(value.fn, "__module__", "")).startswith("triton"):
                         _check_kernel_source(value, f"{name} -> {node.id}", seen)
-                elif not (inspect.ismodule(value) and _language_object(value)) and not (
-                        type(value) in (int, float, bool) or isinstance(value, tl.constexpr)):
-                    refuse(node, f"`{node.id}` is {type(value).__module__}.{type(value).__qualname__}")
+                elif not (inspect.ismodule(value) and _language_object(value)) and not _constant(value):
+                    refuse(node, f"`{node.id}` is {type(value).__module__}.{type(value).__qualname__}, not a "
+                                 "constant (a number, a string, a Triton dtype, or tl.constexpr of one)")
             elif node.id not in KERNEL_BUILTINS:
                 refuse(node, f"`{node.id}` is not a Triton builtin")
         if isinstance(node, ast.Attribute):
             if node.attr.startswith("_"):
                 refuse(node, f"the attribute {node.attr} is private")
-            if resolve(node.value) is None and node.attr not in value_attributes:
+            base = resolve(node.value)
+            if not inspect.ismodule(base) and node.attr not in value_attributes:
                 refuse(node, f"`.{node.attr}` is not an attribute of a Triton value")
             resolve(node)
 
@@ -273,14 +299,15 @@ def _poison(dtype: torch.dtype) -> float | int:
     return math.nan if dtype.is_floating_point else torch.iinfo(dtype).max
 
 
-def guarded(shape: Sequence[int], dtype: torch.dtype, device, fill) -> tuple[torch.Tensor, torch.Tensor]:
+def guarded(shape: Sequence[int], dtype: torch.dtype, device, fill, columns: int = GUARD_COLUMNS
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     """(view, buffer): a tensor of SHAPE inside a buffer filled with FILL, with GUARD_ROWS rows
-    (2-D) or elements (1-D) of it before and after, and GUARD_COLUMNS more at each row's end (2-D)."""
+    (2-D) or elements (1-D) of it before and after, and COLUMNS more at each row's end (2-D)."""
     if len(shape) == 1:
         buffer = torch.full((shape[0] + 2 * GUARD_ROWS,), fill, dtype=dtype, device=device)
         return buffer[GUARD_ROWS:GUARD_ROWS + shape[0]], buffer
     rows, cols = shape
-    buffer = torch.full((rows + 2 * GUARD_ROWS, cols + GUARD_COLUMNS), fill, dtype=dtype, device=device)
+    buffer = torch.full((rows + 2 * GUARD_ROWS, cols + columns), fill, dtype=dtype, device=device)
     return buffer[GUARD_ROWS:GUARD_ROWS + rows, :cols], buffer
 
 
@@ -504,6 +531,21 @@ def _device(interpreted: bool) -> str:
 
 
 # -- the exercises' launchers -----------------------------------------------------------------------
+def _checked_blocks(kernel_name: str, **blocks: int) -> dict[str, int]:
+    """BLOCKS (a launcher's argument name -> value), each a power of two (``tl.arange`` needs one) and
+    together a tile ``check_tile`` accepts; ValueError otherwise."""
+    blocks = {name: power_of_two(name, value, note="tl.arange needs one") for name, value in blocks.items()}
+    check_tile(kernel_name, **blocks)
+    return blocks
+
+
+def _output(shape: Sequence[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A guarded float32 output (view, buffer): the guards hold SENTINEL, the view NaN until stored."""
+    view, buffer = guarded(shape, torch.float32, device, SENTINEL, OUTPUT_GUARD_COLUMNS)
+    view.fill_(math.nan)
+    return view, buffer
+
+
 def launch_gemv(kernel, W: torch.Tensor, x: torch.Tensor, *, block_m: int, block_n: int
                 ) -> tuple[torch.Tensor, dict]:
     """Launch a learner's GEMV kernel: y = W x (Lab 1).
@@ -529,15 +571,12 @@ def launch_gemv(kernel, W: torch.Tensor, x: torch.Tensor, *, block_m: int, block
             function. TritonUnavailable: triton does not import.
     """
     M, N = check_gemv_inputs(W, x)
-    block_m = power_of_two("block_m", block_m, note="tl.arange needs one")
-    block_n = power_of_two("block_n", block_n, note="tl.arange needs one")
-    check_tile("gemv_kernel", block_m=block_m, block_n=block_n)
+    block_m, block_n = _checked_blocks("gemv_kernel", block_m=block_m, block_n=block_n).values()
     interpreted = _learner_kernel(kernel, "gemv_kernel")
     device = _device(interpreted)
     w_view, w_buffer = _guarded_input(W, device)
     x_view, x_buffer = _guarded_input(x, device)
-    y_view, y_buffer = guarded((M,), torch.float32, device, SENTINEL)
-    y_view.fill_(math.nan)
+    y_view, y_buffer = _output((M,), device)
     grid = (max(1, triton.cdiv(M, block_m)),)
     report = _launch(kernel, "gemv_kernel", interpreted, grid, (w_view, x_view, y_view, M, N, w_view.stride(0)),
                      {"BLOCK_M": block_m, "BLOCK_N": block_n},
@@ -576,15 +615,13 @@ def launch_rms_norm(kernel, x: torch.Tensor, weight: torch.Tensor, eps: float, *
     if x.dtype != torch.float32 or weight.dtype != torch.float32:
         raise ValueError(f"x and weight must be float32, got {x.dtype} and {weight.dtype}")
     eps = positive_number("eps", eps, note="added to mean(x^2) under the square root")
-    block_d = power_of_two("block_d", block_d, note="tl.arange needs one")
-    check_tile("rms_norm_kernel", block_d=block_d)
+    (block_d,) = _checked_blocks("rms_norm_kernel", block_d=block_d).values()
     interpreted = _learner_kernel(kernel, "rms_norm_kernel")
     device = _device(interpreted)
     R, D = x.shape
     x_view, x_buffer = _guarded_input(x, device)
     w_view, w_buffer = _guarded_input(weight, device)
-    y_view, y_buffer = guarded((R, D), torch.float32, device, SENTINEL)
-    y_view.fill_(math.nan)
+    y_view, y_buffer = _output((R, D), device)
     report = _launch(kernel, "rms_norm_kernel", interpreted, (R,),
                      (x_view, w_view, y_view, R, D, x_view.stride(0), y_view.stride(0), float(eps)),
                      {"BLOCK_D": block_d}, {"x": (x_view, x_buffer), "weight": (w_view, w_buffer)},
@@ -623,17 +660,14 @@ def launch_w4a16(kernel, x: torch.Tensor, packed: torch.Tensor, scales: torch.Te
             TritonUnavailable: triton does not import.
     """
     M, N, K = check_w4a16_inputs(x, packed, scales, group_size, zeros)
-    block_n = power_of_two("block_n", block_n, note="tl.arange needs one")
-    block_k = power_of_two("block_k", block_k, note="tl.arange needs one")
-    check_tile("w4a16_kernel", block_n=block_n, block_k=block_k)
+    block_n, block_k = _checked_blocks("w4a16_kernel", block_n=block_n, block_k=block_k).values()
     interpreted = _learner_kernel(kernel, "w4a16_kernel")
     device = _device(interpreted)
     x_view, x_buffer = _guarded_input(x, device)
     p_view, p_buffer = _guarded_input(packed, device)
     s_view, s_buffer = _guarded_input(scales, device)
     z_view, z_buffer = _guarded_input(zeros if zeros is not None else torch.zeros(0, dtype=torch.uint8), device)
-    y_view, y_buffer = guarded((M, N), torch.float32, device, SENTINEL)
-    y_view.fill_(math.nan)
+    y_view, y_buffer = _output((M, N), device)
     stride_z = z_view.stride(0) if zeros is not None else 0
     report = _launch(kernel, "w4a16_kernel", interpreted, (M, max(1, triton.cdiv(N, block_n))),
                      (x_view, p_view, s_view, z_view, y_view, N, K, int(group_size), x_view.stride(0),
