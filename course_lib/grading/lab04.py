@@ -747,6 +747,12 @@ def _w4a16_stray(n: int, k: int, block_n: int) -> Callable[[dict], str]:
         tensor, index, steps = v["tensor"], v["index"], v.get("steps") or []
         if tensor == "zeros" and not v["shape"][0]:
             return "HAS_ZEROS is False, and then z_ptr points to an empty tensor: load zero points only under `if HAS_ZEROS:`"
+        if tensor == "packed" and len(steps) == 2 and steps[1] == 1:
+            return ("a tile's codes were read from consecutive bytes: code k is in byte k // 2 (two codes per byte), "
+                    "so the byte offset is cols // 2, and the same mask cols < K keeps it inside the row")
+        if tensor == "x" and len(index) == 2 and v["inside_buffer"] and index[0] != v["program"][0]:
+            return (f"program {tuple(v['program'])} reached row {index[0]} of x: row m of x starts m * stride_xm "
+                    "elements after x_ptr (stride_xm, not K or another tensor's stride), and program (m, j) reads row m")
         if (tensor in ("packed", "scales", "zeros") and len(steps) == 2 and steps[0] is not None
                 and steps[0] != v["strides"][0]):
             return (f"the rows of {tensor} were addressed {steps[0]} elements apart, but row n starts at n * "
@@ -755,7 +761,7 @@ def _w4a16_stray(n: int, k: int, block_n: int) -> Callable[[dict], str]:
             m, j = v["program"][0], v["program"][1]
             # programs run row m = 0 first: a missing row mask strays there, a wrong row stride only from m = 1
             if m > 0 or index[0] != m or not j * block_n <= index[1] < (j + 1) * block_n:
-                return (f"the offset of row m of y is wrong: program {tuple(v['program'][:2])} owns y[{m}, "
+                return (f"the offset of row m of y is wrong: program {tuple(v['program'])} owns y[{m}, "
                         f"{j * block_n}:{min((j + 1) * block_n, n)}], which starts {m} * stride_ym elements after y_ptr "
                         "(y[m, n] is y_ptr + m * stride_ym + n; the programs of row 0 stored inside y)")
         if not v["inside_buffer"]:

@@ -458,6 +458,10 @@ def check_rms_norm_kernel(kernel, seed: int = 0, cases: int = 2) -> None:
                 f"the sum of squares divided by the number of rows R = {RMS_ROWS}, not by D = {D}":
                     lambda: x.double() / (ms * D / RMS_ROWS + eps).sqrt() * w,
                 "eps left out": lambda: x.double() / ms.sqrt() * w,
+                f"the sum of squares divided by BLOCK_D = {block}, not by D = {D}":
+                    lambda: x.double() / (ms * D / block + eps).sqrt() * w,
+                "masked lanes loaded as 1.0 (other=1.0): the padding of the last tile adds to the sum of squares; "
+                "use other=0.0": lambda: x.double() / ((ms * D + block * -(-D // block) - D) / D + eps).sqrt() * w,
                 "multiplied by sqrt(mean(x^2) + eps) instead of its inverse (1 / sqrt, tl.rsqrt)":
                     lambda: x.double() * (ms + eps).sqrt() * w,
             }, lambda got, cand: bool(((got.double() - cand).abs() <= 1e-4 * cand.abs() + 1e-6).all()))

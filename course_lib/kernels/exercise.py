@@ -393,8 +393,9 @@ class _Trace:
     are wrapped while it is active). A lane must address a whole element: a pointer cast to a wider
     type must cover elements of the same tensor."""
 
-    def __init__(self, regions: Sequence[_Region]) -> None:
+    def __init__(self, regions: Sequence[_Region], dims: int = 3) -> None:
         self.regions = list(regions)
+        self.dims = dims          # the grid's axes: a violation's program id has this many
         self.counts: dict[str, dict[str, int]] = {"load": {}, "store": {}}
         self.violation: dict | None = None
         self.active = False
@@ -428,7 +429,7 @@ class _Trace:
         self.violation = {"op": op, "tensor": region.name, "index": [int(i) for i in index[0]],
                           "shape": list(region.shape), "strides": list(region.strides), "lanes": int(stray.size),
                           "inside_buffer": region.near(first) == 0,
-                          "program": [int(i) for i in getattr(builder, "grid_idx", ())],
+                          "program": [int(i) for i in getattr(builder, "grid_idx", ())][:self.dims],
                           "steps": _steps(np.asarray(ptrs.data).astype(np.int64), region.itemsize)}
         raise _OutOfBounds(f"{op} outside the kernel's tensors")
 
@@ -496,7 +497,7 @@ def _launch(kernel, name: str, interpreted: bool, grid: tuple[int, ...], args: S
     (view, buffer)) and the CONSTEXPRS as keywords; return the report (module docstring).
     INTERPRETED: what ``_learner_kernel`` said of KERNEL."""
     regions = [_Region(n, view, buffer) for n, (view, buffer) in {**inputs, **outputs}.items()]
-    trace = _Trace(regions)
+    trace = _Trace(regions, len(grid))
     report: dict = {"kernel": name, "mode": "interpreter" if interpreted else "compiled", "traced": False,
                     "grid": list(grid), "loaded": {}, "stored": {}, "violation": None, "guard_writes": [],
                     "error": None}
