@@ -5,7 +5,8 @@ Each ``check_*`` takes the learner's *function*, builds its own inputs from a se
 and compares the result with a course_lib reference under a contract from
 ``contracts``. When a contract fails, the checker also tries the known faults of
 course Lab 2 (rotary position off by one, frozen position, position reset on
-append, misaligned KV-head repeat, a causal mask aligned top-left, cache never cropped) and
+append, misaligned KV-head repeat, a causal mask aligned top-left, cache never cropped; the online
+softmax's sums not rescaled when the maximum grows, the maximum not subtracted) and
 names the one the learner's numbers match, so the message states the symptom, not just "wrong".
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import copy
 
 import random
+import math
 from typing import Callable
 
 import torch
@@ -23,6 +25,7 @@ from ..divergence import first_divergence
 from ..models.attention import attend_with_cache, causal_attention
 from ..models.config import ModelConfig, toy_config
 from ..models.decoder import Decoder, generate_full_recompute
+from ..models.online_softmax import initial_state
 from ..models.rope import apply_rope
 from .contracts import (ContractError, call_on_copies, check_bytes, check_close, check_int_list, check_logits_close,
                         check_own_function, check_tensor, diagnose, with_diagnosis)
@@ -487,6 +490,130 @@ def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: in
                                 " (a leaked block, a missing decref, or a needless copy)")
 
 
+# -- exercise 8: the online softmax -----------------------------------------------------------
+def _faulty_updates(m, l, acc, scores, v) -> dict:
+    """What a faulty online-softmax update returns from the state (m, l, acc): description -> state."""
+    m_new = torch.maximum(m, scores.max())
+    c, p = torch.exp(m - m_new), torch.exp(scores - m_new)
+    raw = torch.exp(scores)
+    old = torch.exp(scores - m) if bool(torch.isfinite(m)) else None
+    variants = {
+        "the running sum not rescaled when the maximum grows: l' = exp(m - m') * l + sum(p)":
+            (m_new, l + p.sum(), c * acc + p @ v),
+        "the running output not rescaled when the maximum grows: acc' = exp(m - m') * acc + p @ v":
+            (m_new, c * l + p.sum(), acc + p @ v),
+        "neither the running sum nor the running output rescaled when the maximum grows (multiply both by "
+        "exp(m - m'))": (m_new, l + p.sum(), acc + p @ v),
+        "exp taken of the raw scores (the running maximum not subtracted): it overflows float32 for scores "
+        "above about 88; use exp(scores - m')": (m_new, l + raw.sum(), acc + raw @ v),
+    }
+    if old is not None:
+        variants["the running maximum not updated: m' = max(m, max(scores))"] = (m, l + old.sum(), acc + old @ v)
+    return variants
+
+
+def _call_update(what: str, fn: Callable, m, l, acc, scores, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fn(m, l, acc, scores, v), checked to be three float32 tensors of shapes (), (), (Dv,) (NaN/inf allowed:
+    the caller names them)."""
+    out = call_on_copies(what, fn, m, l, acc, scores, v)
+    if type(out) not in (tuple, list) or len(out) != 3:
+        raise ContractError(f"{what}: expected a tuple (m, l, acc) of three tensors, got {type(out).__name__}")
+    return tuple(check_tensor(f"{what}: {name}", t, shape=shape, dtype=torch.float32, allow_nan=True)
+                 for name, t, shape in zip(("m", "l", "acc"), out, ((), (), tuple(acc.shape))))
+
+
+def _same_state(a, b, scale: float) -> bool:
+    """m equal to float32 rounding, l and acc within a relative 1e-5 (acc: of SCALE, its values' size)."""
+    (m1, l1, a1), (m2, l2, a2) = a, b
+    return (bool(torch.isclose(m1.double(), m2.double(), rtol=1e-6, atol=0.0)) or bool(m1 == m2)) and \
+        bool(torch.isclose(l1.double(), l2.double(), rtol=1e-5, atol=0.0)) and \
+        bool(((a1.double() - a2.double()).abs() <= 1e-5 * (a2.double().abs() + scale)).all())
+
+
+def _online_cases(rng: random.Random, cases: int) -> list[tuple[int, int, int, float]]:
+    """(S, tile, D, score scale) per case. Case 0: a ragged last tile; case 1: scores near +-1e4; case 2:
+    one key per tile; case 3: one tile holds every key; then random."""
+    drawn = []
+    for case in range(cases):
+        D = rng.choice((4, 8, 16))
+        if case == 0:
+            tile = rng.choice((4, 8))
+            S = tile * rng.randint(3, 5) + rng.randint(1, tile - 1)
+        elif case == 2:
+            S, tile = rng.randint(6, 14), 1
+        elif case == 3:
+            S = rng.randint(5, 30)
+            tile = S + rng.randint(0, 5)
+        else:
+            S, tile = rng.randint(1, 60), rng.randint(1, 16)
+        drawn.append((S, tile, D, 1e4 if case == 1 else rng.choice((1.0, 3.0, 30.0))))
+    return drawn
+
+
+def check_online_softmax(update: Callable, seed: int = 0, cases: int = 4) -> None:
+    """Contract: update(m, l, acc, scores, v) is one tile of the online softmax
+    (``course_lib.models.online_softmax``; m, l 0-d float32, acc (Dv,), scores (T,), v (T, Dv)) returning
+    the state (m', l', acc') after the tile:
+
+    - from a state reached on earlier keys, with a tile whose largest score exceeds the running maximum
+      (so every term must be rescaled), the new state equals the reference's: m' to float32 rounding,
+      l' and acc' to a relative 1e-5;
+    - driven over a query's keys tile by tile (``online_attention``: scores k @ q / sqrt(D), the output
+      acc / l after the last tile), the output equals softmax(scores) @ v computed in float64 within
+      1e-5 max|v|, on the cases ``_online_cases`` draws (a ragged last tile, one key per tile, one tile for
+      all keys, scores near +-1e4 where exp without the maximum subtracted overflows float32)."""
+    check_own_function("online_softmax_update", update)
+    from ..models.online_softmax import online_attention, online_softmax_update
+
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for case, (S, tile, D, size) in enumerate(_online_cases(rng, cases)):
+        Dv = rng.choice((3, 8))
+        # 1. one update from a reached state, with a larger maximum in the new tile
+        T0, T1 = rng.randint(1, 6), rng.randint(1, 6)
+        first = torch.randn(T0, generator=gen) * min(size, 30.0)
+        state = online_softmax_update(*initial_state(Dv), first, torch.randn(T0, Dv, generator=gen))
+        scores = first.max() + torch.rand(T1, generator=gen) * 4.0 - 1.0
+        scores[rng.randrange(T1)] = first.max() + 2.0
+        v = torch.randn(T1, Dv, generator=gen)
+        what = (f"online_softmax_update(case {case}: a state after {T0} keys with m = {float(state[0]):.4g}, a tile of "
+                f"{T1} scores up to {float(scores.max()):.4g}, Dv {Dv})")
+        got = _call_update(what, update, *state, scores, v)
+        expected = online_softmax_update(*state, scores, v)
+        scale = float(v.abs().max()) * float(expected[1])
+        if not _same_state(got, expected, scale):
+            failure = ContractError(
+                f"{what}: returned m = {float(got[0]):.6g}, l = {float(got[1]):.6g}, acc[0] = {float(got[2][0]):.6g}; "
+                f"expected m = {float(expected[0]):.6g}, l = {float(expected[1]):.6g}, acc[0] = {float(expected[2][0]):.6g}")
+            raise diagnose(failure, got, {name: (lambda s=s: s) for name, s in _faulty_updates(*state, scores, v).items()},
+                           lambda a, b: _same_state(a, b, scale))
+        # 2. the whole query, tile by tile
+        q = torch.randn(D, generator=gen)
+        k = torch.randn(S, D, generator=gen)
+        q = q * (size * math.sqrt(D) / float((k @ q).abs().max()))        # the largest |score| is `size`
+        v = torch.randn(S, Dv, generator=gen)
+        what = f"online_attention over {S} keys in tiles of {tile} (case {case}: scores up to |{size:g}|, D {D}, Dv {Dv})"
+        tiles = iter(range(0, S, tile))
+
+        def step(m, l, acc, s, vt):
+            t0 = next(tiles)
+            return _call_update(f"{what}, the tile of keys {t0}..{t0 + len(s) - 1}", update, m, l, acc, s, vt)
+
+        out = online_attention(q, k, v, tile, update=step)
+        scores = (k.double() @ q.double()) / math.sqrt(D)
+        expected = torch.softmax(scores, dim=0) @ v.double()
+        if not bool(torch.isfinite(out).all()):
+            raise with_diagnosis(ContractError(f"{what}: the output holds NaN or inf ({out[:4].tolist()} ...)"), (
+                "exp of scores near 1e4 overflows float32 (exp(89) is already inf): subtract the running maximum "
+                "before exp, p = exp(scores - m'), and rescale the old sums by exp(m - m')"), likely=size > 100)
+        err = (out.double() - expected).abs()
+        bound = 1e-5 * float(v.abs().max())
+        if bool((err > bound).any()):
+            i = int(err.argmax())
+            raise ContractError(f"{what}: output[{i}] = {float(out[i]):.6g}, expected softmax(scores) @ v = "
+                                f"{float(expected[i]):.6g} (|diff| {float(err[i]):.3g} > {bound:.3g})")
+
+
 # -- the lab's declared tables (see tables.py) -------------------------------------------------
 _TOY = {"toy": ("course_lib.models.decoder", "toy_decoder", {"seed": 0})}  # what the set-up cell builds
 _EMBEDDING = (Probe(Decoder, "embed_tokens"),)   # where _TokenCounter counts the token ids fed to the model
@@ -511,6 +638,9 @@ CONTRACTS = (
     Contract("test_paged", check_paged, ("paged_append", "paged_read"),
              writes=Writes(types=(BlockPool, PagedSequence)),                       # pool, seq
              references=("course_lib.cache.paged.PagedKVCache.append", "course_lib.cache.paged.PagedKVCache.read")),
+    Contract("test_online_softmax", check_online_softmax, ("online_softmax_update",),
+             references=("course_lib.models.online_softmax.online_softmax_update",
+                         "course_lib.models.online_softmax.online_attention")),
 )
 
 _NEXT_POSITION = "position = torch.tensor([cache.length])"
@@ -562,5 +692,18 @@ FAULTS = (
                 "            seq.block_table[-1] = new\n", ""),),
           {"test_paged": "copy-on-write"},
           "writes into a block another sequence shares instead of copying it first"),
+    Fault("online_sum_not_rescaled",
+          (Edit("online_softmax_update", "correction * l + p.sum()", "l + p.sum()"),),
+          {"test_online_softmax": "running sum not rescaled"},
+          "adds the new tile's exponentials to a running sum taken against the old maximum"),
+    Fault("online_output_not_rescaled",
+          (Edit("online_softmax_update", "correction * acc + p @ v", "acc + p @ v"),),
+          {"test_online_softmax": "running output not rescaled"},
+          "adds the new tile's weighted values to a running output taken against the old maximum"),
+    Fault("online_max_not_subtracted",
+          (Edit("online_softmax_update", "correction = torch.exp(m - m_new)", "correction = torch.ones(())"),
+           Edit("online_softmax_update", "p = torch.exp(scores - m_new)", "p = torch.exp(scores)")),
+          {"test_online_softmax": "raw scores"},
+          "takes exp of the raw scores: right in real arithmetic, infinite in float32 for scores near 1e4"),
 )
 check_tables(CONTRACTS, FAULTS)
