@@ -534,6 +534,19 @@ class _Imitation(KernelInterface):
 gemv_kernel = _Imitation()""")
 
 
+#: A kernel body's frame walk: store zeros (so something is stored), then find the launcher's frame and
+#: write W @ x, computed in PyTorch, into its output.
+FRAME_WALK = (
+    "    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n"
+    "    tl.store(y_ptr + rows, tl.zeros((BLOCK_M,), dtype=tl.float32), mask=rows < M)\n"
+    "    frame = sys._getframe(0)\n"
+    "    while frame is not None and 'y_view' not in frame.f_locals:\n"
+    "        frame = frame.f_back\n"
+    "    if frame is not None:\n"
+    "        found = frame.f_locals\n"
+    "        found['y_view'].copy_(found['W'].float() @ found['x'].float())\n")
+
+
 def a_kernel_frame_walk(nb):
     """A kernel body that, run as Python by the interpreter, walks up to the launcher's frame and
     writes W @ x into its output (a GPU would not compile it; the launcher refuses its source)."""
@@ -541,14 +554,7 @@ def a_kernel_frame_walk(nb):
         "import sys\n\n\n"
         "@triton.jit\n"
         "def gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n"
-        "    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n"
-        "    tl.store(y_ptr + rows, tl.zeros((BLOCK_M,), dtype=tl.float32), mask=rows < M)\n"
-        "    frame = sys._getframe(0)\n"
-        "    while frame is not None and 'y_view' not in frame.f_locals:\n"
-        "        frame = frame.f_back\n"
-        "    if frame is not None:\n"
-        "        found = frame.f_locals\n"
-        "        found['y_view'].copy_(found['W'].float() @ found['x'].float())\n")
+        + FRAME_WALK)
 
 
 def a_kernel_raw_pointer(nb):
@@ -578,14 +584,7 @@ def a_kernel_hidden_def(nb):
         "    hidden = '''\n"
         "def gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n"
         "    import sys\n"
-        "    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n"
-        "    tl.store(y_ptr + rows, tl.zeros((BLOCK_M,), dtype=tl.float32), mask=rows < M)\n"
-        "    frame = sys._getframe(0)\n"
-        "    while frame is not None and 'y_view' not in frame.f_locals:\n"
-        "        frame = frame.f_back\n"
-        "    if frame is not None:\n"
-        "        found = frame.f_locals\n"
-        "        found['y_view'].copy_(found['W'].float() @ found['x'].float())\n"
+        + FRAME_WALK +
         "    return\n"
         "    tail = \"\"\" '''\n"
         "    tl.store(y_ptr + tl.arange(0, 1), tl.zeros((1,), dtype=tl.float32))\n"
