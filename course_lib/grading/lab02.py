@@ -497,11 +497,17 @@ def _faulty_updates(m, l, acc, scores, v) -> dict:
     c, p = torch.exp(m - m_new), torch.exp(scores - m_new)
     raw = torch.exp(scores)
     old = torch.exp(scores - m) if bool(torch.isfinite(m)) else None
+    up = torch.exp(m_new - m)
+    l_new = c * l + p.sum()
     variants = {
-        "the running sum not rescaled when the maximum grows: l' = exp(m - m') * l + sum(p)":
+        "the running sum not rescaled when the maximum grows (it must be l' = exp(m - m') * l + sum(p))":
             (m_new, l + p.sum(), c * acc + p @ v),
-        "the running output not rescaled when the maximum grows: acc' = exp(m - m') * acc + p @ v":
-            (m_new, c * l + p.sum(), acc + p @ v),
+        "the running output not rescaled when the maximum grows (it must be acc' = exp(m - m') * acc + p @ v)":
+            (m_new, l_new, acc + p @ v),
+        "the rescaling factor inverted: exp(m' - m) instead of exp(m - m') (it is at most 1: the old sums shrink "
+        "when the maximum grows)": (m_new, up * l + p.sum(), up * acc + p @ v),
+        "acc kept normalised (acc / l): in this state acc is the unnormalised sum of exp(s - m) * v; divide by l "
+        "once, after the last tile": (m_new, l_new, (c * acc + p @ v) / l_new),
         "neither the running sum nor the running output rescaled when the maximum grows (multiply both by "
         "exp(m - m'))": (m_new, l + p.sum(), acc + p @ v),
         "exp taken of the raw scores (the running maximum not subtracted): it overflows float32 for scores "
@@ -576,7 +582,7 @@ def check_online_softmax(update: Callable, seed: int = 0, cases: int = 4) -> Non
         scores = first.max() + torch.rand(T1, generator=gen) * 4.0 - 1.0
         scores[rng.randrange(T1)] = first.max() + 2.0
         v = torch.randn(T1, Dv, generator=gen)
-        what = (f"online_softmax_update(case {case}: a state after {T0} keys with m = {float(state[0]):.4g}, a tile of "
+        what = (f"online_softmax_update(case {case}: a state after {T0} key{'s' * (T0 > 1)} with m = {float(state[0]):.4g}, a tile of "
                 f"{T1} scores up to {float(scores.max()):.4g}, Dv {Dv})")
         got = _call_update(what, update, *state, scores, v)
         expected = online_softmax_update(*state, scores, v)
