@@ -19,11 +19,13 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
+
 from ..exercises import ExerciseNeeded
 from ..kernels.exercise import launcher
 from .contracts import ContractError, with_diagnosis
 
-__all__ = ["launch_case", "stray_text"]
+__all__ = ["launch_case", "stray_text", "check_all_stored"]
 
 
 def stray_text(violation: dict) -> str:
@@ -71,3 +73,22 @@ def launch_case(kernel, exercise: str, case_text: str, name_stray: Callable[[dic
     if not any(report.get("stored", {}).values()) and report.get("traced"):
         raise ContractError(f"{case_text}: your kernel stored nothing (no tl.store reached an output)")
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def check_all_stored(what: str, y: torch.Tensor, owns: str) -> None:
+    """Raise unless every element of Y (a launcher's output, which starts as NaN) holds a number.
+
+    Args:
+        what: the case's description, the message's first words. owns: which elements a program
+            owns (``"Program i owns rows ..."``), said in the message.
+
+    Raises:
+        ContractError: naming the first NaN elements and how many there are.
+    """
+    unwritten = torch.isnan(y).nonzero().tolist()
+    if unwritten:
+        where = ", ".join(f"y[{', '.join(map(str, i))}]" for i in unwritten[:8])
+        raise ContractError(f"{what}: {where}{' ...' if len(unwritten) > 8 else ''} hold NaN ({len(unwritten)} of "
+                            f"{y.numel()} elements): never stored (y starts as NaN), or computed from a NaN. {owns}; "
+                            "a masked load without other=0.0 reads NaN in its masked lanes here (on a GPU they are "
+                            "undefined)")

@@ -41,7 +41,7 @@ from ..models.config import ModelConfig
 from .contracts import (ContractError, attempts, check_bytes, check_int, check_own_function, check_real,
                         check_significant, check_tensor, close, diagnose, significant_tolerance,
                         with_diagnosis)
-from .kernel_checks import launch_case
+from .kernel_checks import check_all_stored, launch_case
 from .tables import Contract, Edit, Fault, check_tables
 
 __all__ = ["random_config", "random_device", "kv_terms", "check_parameter_count", "check_kv_bytes_per_token",
@@ -509,12 +509,7 @@ def check_gemv_kernel(kernel, seed: int = 0, cases: int = 4) -> None:
         what = f"gemv_kernel(case {case}: W {m} x {n} {str(dtype).replace('torch.', '')}, BLOCK_M {bm}, BLOCK_N {bn})"
         y = launch_case(kernel, "gemv", what, _gemv_stray(m, n), W, x, block_m=bm, block_n=bn)
         y = check_tensor(f"{what}: y", y, shape=(m,), dtype=torch.float32, allow_nan=True)
-        unwritten = torch.isnan(y).nonzero().flatten().tolist()
-        if unwritten:
-            raise ContractError(f"{what}: y[{', '.join(map(str, unwritten[:8]))}] never stored ({len(unwritten)} of {m} "
-                                "rows still hold the NaN the launcher filled y with), or computed from a NaN. Program i "
-                                "owns rows i * BLOCK_M to i * BLOCK_M + BLOCK_M - 1, and a masked load without other=0.0 "
-                                "reads NaN in its masked lanes here (on a GPU they are undefined)")
+        check_all_stored(what, y, "Program i owns rows i * BLOCK_M to i * BLOCK_M + BLOCK_M - 1")
         Wf, xf = W.float(), x.float()
         expected = reference_gemv(W, x)
         bound = 4 * max(n, 1) * 2.0 ** -24 * (Wf.abs() @ xf.abs()) + 1e-30

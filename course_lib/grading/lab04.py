@@ -55,7 +55,7 @@ from ..quant.perplexity import token_windows
 from ..quant import smoothquant as SQ
 from .contracts import (ContractError, attempts, call_on_copies, check_int, check_own_function, check_real,
                         check_tensor, close, diagnose, is_grader_error, with_diagnosis)
-from .kernel_checks import launch_case
+from .kernel_checks import check_all_stored, launch_case
 from .tables import Contract, Edit, Fault, check_tables
 
 __all__ = ["check_quantize_symmetric", "check_quantize_asymmetric", "check_int4_nbytes", "check_pack_int4",
@@ -835,12 +835,7 @@ def check_w4a16_kernel(kernel, seed: int = 0, cases: int = 3) -> None:
             return check_tensor(f"{what}: y", y, shape=(m, n), dtype=torch.float32, allow_nan=True)
 
         y = run(x)
-        unwritten = torch.isnan(y).nonzero().tolist()
-        if unwritten:
-            raise ContractError(f"{what}: y{unwritten[0]} and {len(unwritten) - 1} more never stored (y starts as NaN), "
-                                "or computed from a NaN. Program (m, j) owns y[m, j * BLOCK_N : (j + 1) * BLOCK_N], "
-                                "and a masked load without other= reads NaN in its masked lanes here (on a GPU they "
-                                "are undefined)")
+        check_all_stored(what, y, "Program (m, j) owns y[m, j * BLOCK_N : (j + 1) * BLOCK_N]")
         expected = reference_w4a16(x, packed, scales, g, zeros)
         q = codes.double() - (zeros.double().repeat_interleave(g, dim=1) if zeros is not None else 0)
         w_abs = (q * scales.double().repeat_interleave(g, dim=1)).abs()

@@ -37,7 +37,7 @@ from ..models.decoder import Decoder
 from ..kernels.batch_invariant.triton_ops import reference_rms_norm
 from .contracts import (ContractError, attempts, call_on_copies, check_logits_close, check_own_function, check_real, check_tensor,
                         diagnose, with_diagnosis)
-from .kernel_checks import launch_case
+from .kernel_checks import check_all_stored, launch_case
 from .tables import Contract, Edit, Fault, check_tables
 
 #: Decode steps each padded batch continues for after its prefill.
@@ -430,11 +430,7 @@ def check_rms_norm_kernel(kernel, seed: int = 0, cases: int = 2) -> None:
         def run(rows: torch.Tensor, label: str) -> torch.Tensor:
             y = launch_case(kernel, "rms_norm", f"{what}, {label}", _rms_stray(D), rows, weight, eps, block_d=block)
             y = check_tensor(f"{what}, {label}: y", y, shape=tuple(rows.shape), dtype=torch.float32, allow_nan=True)
-            unwritten = torch.isnan(y).any(dim=1).nonzero().flatten().tolist()
-            if unwritten:
-                raise ContractError(f"{what}, {label}: rows {unwritten[:8]} of y hold NaN: elements never stored (y "
-                                    "starts as NaN), or computed from a NaN (a masked load without other=0.0 reads NaN "
-                                    "in its masked lanes here; on a GPU they are undefined)")
+            check_all_stored(f"{what}, {label}", y, "Program r owns row r")
             return y
 
         y = run(x, f"all {RMS_ROWS} rows")

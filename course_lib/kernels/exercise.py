@@ -180,6 +180,7 @@ _REFUSED_NODES = {ast.Import: "an import", ast.ImportFrom: "an import", ast.Glob
                   ast.Match: "a match statement"}
 
 
+@functools.cache
 def _value_attributes() -> frozenset[str]:
     """Attributes a kernel may read on its values (tensors, pointers, dtypes, constexprs): the public
     ones of ``tl.tensor`` and ``tl.dtype`` and a few of their fields; never the interpreter's
