@@ -408,3 +408,139 @@ def test_an_output_addressed_with_an_inputs_row_stride_strays_and_is_named():
     kernel = solution_functions("06_batching_determinism", (edit,)).rms_norm_kernel
     with pytest.raises(ContractError, match=r"program 1 reached row 0 of y: row r of y starts r \* stride_yr"):
         lab06.check_rms_norm_kernel(kernel, seed=0, cases=1)
+
+
+# -- Lab 2: the paged decode kernel ---------------------------------------------------------------
+def _paged_case(lens=(5,), block_size=4, width=3, n_kv=1, group=2, dim=8, dtype=torch.float32):
+    """q, caches, a table whose rows use consecutive blocks (padding 0 past them) and the lengths."""
+    gen = torch.Generator().manual_seed(sum(lens))
+    used = [-(-n // block_size) for n in lens]
+    num_blocks = sum(used) + 1
+    table = torch.zeros(len(lens), width, dtype=torch.int32)
+    for b, n in enumerate(used):
+        table[b, :n] = torch.arange(sum(used[:b]), sum(used[:b]) + n)
+    q = torch.randn(len(lens), n_kv * group, dim, generator=gen).to(dtype)
+    k = torch.randn(num_blocks, block_size, n_kv, dim, generator=gen).to(dtype)
+    v = torch.randn(num_blocks, block_size, n_kv, dim, generator=gen).to(dtype)
+    return q, k, v, table, torch.tensor(lens)
+
+
+def _paged_solution(*edits):
+    from course_lib.grading.tables import Edit
+    from solutions import solution_functions
+
+    return solution_functions("02_kv_cache", tuple(Edit("paged_decode_kernel", *e) for e in edits)).paged_decode_kernel
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_paged_decode_solution_equals_the_pytorch_path_and_reads_each_needed_slot_once_per_query_head(dtype):
+    from course_lib.kernels.paged_attention import reference_paged_decode_attention
+
+    q, k, v, table, lens = _paged_case(lens=(5, 12, 1), width=4, n_kv=2, group=3, dtype=dtype)
+    o, report = launcher(_paged_solution(), "paged_decode")(q, k, v, table, lens)
+    assert report["violation"] is None and report["error"] is None and report["guard_writes"] == []
+    expected = reference_paged_decode_attention(q.float(), k.float(), v.float(), table, lens)
+    assert (o - expected).abs().max() < 1e-5
+    # 3 query heads share each KV head and read it once each: 3 loads per needed K element
+    assert report["loaded"]["k_cache"] == report["loaded"]["v_cache"] == 3 * sum(lens.tolist()) * 2 * 8
+
+
+def test_check_paged_decode_kernel_passes_the_solution_on_many_seeds():
+    from course_lib.grading import lab02
+
+    for seed in range(6):
+        lab02.check_paged_decode_kernel(_paged_solution(), seed=seed, cases=6)
+
+
+def test_a_padding_entry_read_through_an_unmasked_load_is_named():
+    """One block more than the context spans, loaded without the mask: row 0's next entry is padding,
+    which the launcher sets to an id just past the pool."""
+    from course_lib.grading import lab02
+
+    kernel = _paged_solution(("range(0, tl.cdiv(context, BLOCK_SIZE))", "range(0, tl.cdiv(context, BLOCK_SIZE) + 1)"),
+                             ("k = tl.load(k_ptr + offsets, mask=valid[:, None], other=0.0)", "k = tl.load(k_ptr + offsets)"))
+    q, k, v, table, lens = _paged_case(lens=(5,), width=3)
+    o, report = launcher(kernel, "paged_decode")(q, k, v, table, lens)
+    violation = report["violation"]
+    assert (violation["op"], violation["tensor"], violation["index"][0]) == ("load", "k_cache", k.shape[0])
+    named = lab02.paged_stray(k.shape[0], 1, 2)(violation)
+    assert f"block {k.shape[0]} was read: the id the launcher writes in the block table's padding" in named
+
+
+def test_stale_slots_after_the_context_are_nan_so_an_unmasked_tail_shows():
+    kernel = _paged_solution(("k = tl.load(k_ptr + offsets, mask=valid[:, None], other=0.0)", "k = tl.load(k_ptr + offsets)"),
+                             ("v = tl.load(v_ptr + offsets, mask=valid[:, None], other=0.0)", "v = tl.load(v_ptr + offsets)"))
+    q, k, v, table, lens = _paged_case(lens=(5, 8), width=2)
+    o, report = launcher(kernel, "paged_decode")(q, k, v, table, lens)
+    assert report["violation"] is None
+    assert bool(o[0].isnan().all()) and not bool(o[1].isnan().any())     # 5 of 8 slots used; 8 of 8
+
+
+def test_paged_decode_launch_arguments_are_refused_before_the_kernel_runs():
+    kernel = _paged_solution()
+    q, k, v, table, lens = _paged_case()
+    launch = launcher(kernel, "paged_decode")
+    with pytest.raises(ValueError, match="block size"):
+        launch(q, k[:, :3], v[:, :3], table, lens)
+    with pytest.raises(TypeError, match="float32 or bfloat16"):
+        launch(q.half(), k.half(), v.half(), table, lens)
+    bad = table.clone()
+    bad[0, 1] = 99
+    with pytest.raises(ValueError, match=r"block_tables\[0, 1\] is 99, not a block of the pool"):
+        launch(q, k, v, bad, lens)
+
+
+def test_an_outputs_guard_is_checked_for_any_strided_view():
+    buffer = torch.full((4, 2, 3, 7), SENTINEL)
+    view = buffer[1:3, :1, :, :5].permute(0, 2, 1, 3)
+    view.fill_(0.0)
+    assert not guard_changed(view, buffer)
+    buffer[1, 1, 0, 0] = 1.0              # head 1 is outside the view
+    assert guard_changed(view, buffer)
+
+
+_COMPILE = r"""
+import inspect, json, sys
+sys.path.insert(0, "tests")
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+from solutions import solution_functions
+
+KERNELS = {  # lab, kernel: pointer dtypes (other arguments i32 unless a constexpr), constexprs
+    ("01_roofline", "gemv_kernel"): ({"w_ptr": "*bf16", "x_ptr": "*bf16", "y_ptr": "*fp32"}, {"BLOCK_M": 16, "BLOCK_N": 128}),
+    ("02_kv_cache", "paged_decode_kernel"): ({"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "bt_ptr": "*i32",
+                                             "cl_ptr": "*i64", "o_ptr": "*fp32", "scale": "fp32"},
+                                            {"GROUP": 3, "BLOCK_SIZE": 16, "HEAD_DIM": 64}),
+    ("04_quantization", "w4a16_kernel"): ({"x_ptr": "*bf16", "p_ptr": "*u8", "s_ptr": "*fp16", "z_ptr": "*u8",
+                                          "y_ptr": "*fp32"}, {"HAS_ZEROS": True, "BLOCK_N": 32, "BLOCK_K": 64}),
+    ("06_batching_determinism", "rms_norm_kernel"): ({"x_ptr": "*fp32", "w_ptr": "*fp32", "y_ptr": "*fp32",
+                                                     "eps": "fp32"}, {"BLOCK_D": 1024}),
+}
+compiled = {}
+for (lab, name), (types, constexprs) in KERNELS.items():
+    fn = getattr(solution_functions(lab), name).fn
+    signature = {p: types.get(p, "constexpr" if p in constexprs else "i32") for p in inspect.signature(fn).parameters}
+    out = triton.compile(ASTSource(JITFunction(fn), signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+    compiled[name] = sorted(out.asm)
+print(json.dumps(compiled))
+"""
+
+
+def test_every_solution_kernel_compiles_for_a_gpu_without_one():
+    """Triton's compiler runs on any machine: each lab's solution kernel is compiled for an NVIDIA H100
+    (sm_90) down to PTX and a cubin, so what the interpreter grades is a kernel a GPU accepts. A fresh
+    process, without TRITON_INTERPRET: triton.language's own helpers must be built for the compiler."""
+    import json
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "-c", _COMPILE], cwd=root, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    compiled = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(compiled) == {"gemv_kernel", "paged_decode_kernel", "w4a16_kernel", "rms_norm_kernel"}
+    for name, stages in compiled.items():
+        assert {"ttir", "ptx", "cubin"} <= set(stages), (name, stages)

@@ -6,7 +6,8 @@ and compares the result with a course_lib reference under a contract from
 ``contracts``. When a contract fails, the checker also tries the known faults of
 course Lab 2 (rotary position off by one, frozen position, position reset on
 append, misaligned KV-head repeat, a causal mask aligned top-left, cache never cropped; the online
-softmax's sums not rescaled when the maximum grows, the maximum not subtracted) and
+softmax's sums not rescaled when the maximum grows, the maximum not subtracted; the paged decode kernel's
+KV head, unmasked tail and running sum) and
 names the one the learner's numbers match, so the message states the symptom, not just "wrong".
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..models.online_softmax import initial_state
 from ..models.rope import apply_rope
 from .contracts import (ContractError, call_on_copies, check_bytes, check_close, check_int_list, check_logits_close,
                         check_own_function, check_tensor, diagnose, with_diagnosis)
+from .kernel_checks import launch_case
 from .tables import Contract, Edit, Fault, Probe, Writes, check_tables
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -620,6 +622,200 @@ def check_online_softmax(update: Callable, seed: int = 0, cases: int = 4) -> Non
                                 f"{float(expected[i]):.6g} (|diff| {float(err[i]):.3g} > {bound:.3g})")
 
 
+# -- exercise 9: the paged decode kernel -----------------------------------------------------------
+def paged_kernel_cases(rng: random.Random, cases: int) -> list[dict]:
+    """One dict per case: B, Hq, Hkv, D, block_size (powers of two), the context lengths ``lens``,
+    ``extra`` table columns past the widest row, the ``dtype``, a ``spread`` multiplying q (larger
+    scores), and ``shared`` (sequence 1 starts with sequence 0's first block, as a prefix hit).
+    Case 0: GQA with two or three query heads per KV head, one context shorter than a block and one
+    that fills its table row exactly (no padding entry), float32; case 1: one KV head for every query
+    head (MQA), bfloat16; case 2: one sequence of one position whose row has padding; case 3: two
+    sequences sharing their first block, larger scores; then random. Sizes stay small: the
+    interpreter runs every program in Python."""
+    drawn = []
+    for case in range(cases):
+        Hkv, G = rng.choice(((2, 2), (2, 3), (1, 4), (3, 1), (1, 2)))
+        D, bs = rng.choice((8, 16, 32)), rng.choice((4, 8))
+        B, extra, dtype, spread, shared = rng.randint(1, 3), rng.randint(0, 2), torch.float32, 1.0, False
+        if case == 0:
+            Hkv, G, B, extra = 2, rng.choice((2, 3)), 3, 0
+            widest = bs * rng.randint(2, 3)
+            lens = [widest, rng.randint(1, bs - 1), bs * rng.randint(1, 2) + rng.randint(1, bs - 1)]
+        elif case == 1:
+            Hkv, G, dtype, extra = 1, rng.choice((3, 4)), torch.bfloat16, 1
+            lens = [bs * rng.randint(1, 3) + rng.randint(1, bs - 1) for _ in range(B)]
+        elif case == 2:
+            B, extra, lens = 1, rng.randint(1, 2), [1]
+        elif case == 3:
+            B, spread, shared, extra = 2, 4.0, True, 1
+            lens = [bs + rng.randint(1, 2 * bs), bs + rng.randint(1, 2 * bs)]
+        else:
+            lens = [rng.randint(1, 5 * bs) for _ in range(B)]
+            dtype = torch.bfloat16 if rng.random() < 0.3 else torch.float32
+            spread = rng.choice((1.0, 3.0))
+        drawn.append({"B": B, "Hq": Hkv * G, "Hkv": Hkv, "D": D, "block_size": bs, "lens": lens, "extra": extra,
+                      "dtype": dtype, "spread": spread, "shared": shared})
+    return drawn
+
+
+def _paged_inputs(spec: dict, gen: torch.Generator):
+    """(q, k_cache, v_cache, block_tables, context_lens) for one case of ``paged_kernel_cases``: blocks
+    at shuffled ids of a pool with two free blocks, table padding 0 (as the serving engine pads)."""
+    B, Hq, Hkv, D, bs, lens = (spec[n] for n in ("B", "Hq", "Hkv", "D", "block_size", "lens"))
+    used = [-(-n // bs) for n in lens]
+    width = max(used) + spec["extra"]
+    num_blocks = sum(used) - (1 if spec["shared"] else 0) + 2
+    ids = iter(torch.randperm(num_blocks, generator=gen).tolist())
+    table = torch.zeros(B, width, dtype=torch.int32)
+    for b, n in enumerate(used):
+        for i in range(n):
+            table[b, i] = table[0, 0] if spec["shared"] and b == 1 and i == 0 else next(ids)
+    dtype = spec["dtype"]
+    q = (spec["spread"] * torch.randn(B, Hq, D, generator=gen)).to(dtype)
+    k_cache = torch.randn(num_blocks, bs, Hkv, D, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, bs, Hkv, D, generator=gen).to(dtype)
+    return q, k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int64)
+
+
+def _paged_decode64(q, k_cache, v_cache, table, lens, *, kv_head: Callable[[int, int, int], int] = lambda h, G, n: h // G,
+                    positions: Callable[[int, int], int] = lambda n, bs: n, zero_tail: bool = False, scaled: bool = True,
+                    rescale_sum: bool = True, rescale_output: bool = True) -> torch.Tensor:
+    """Decode attention in float64 by walking each sequence's blocks with the online softmax, the
+    reference for the check and, with an argument changed, for the faults it names: ``kv_head(h, G,
+    Hkv)`` the KV head query head h reads; ``positions(context, block_size)`` how many positions are
+    read; ``zero_tail``: the rest of the last block read as keys and values 0 with score 0 (no -inf);
+    ``scaled``: scores times 1 / sqrt(D); ``rescale_sum`` / ``rescale_output``: l and acc multiplied
+    by exp(m - m') when the maximum grows. Returns (B, Hq, D) float64 (NaN where l stays 0)."""
+    B, Hq, D = q.shape
+    bs, Hkv = k_cache.shape[1], k_cache.shape[2]
+    heads = torch.tensor([kv_head(h, Hq // Hkv, Hkv) for h in range(Hq)])
+    out = torch.empty(B, Hq, D, dtype=torch.float64)
+    for b in range(B):
+        n = positions(int(lens[b]), bs)
+        end = -(-n // bs) * bs if zero_tail else n
+        p = torch.arange(end)
+        rows = table[b, (p // bs).long()].long()
+        keys = k_cache[rows, p % bs].double()[:, heads].transpose(0, 1)            # (Hq, end, D)
+        values = v_cache[rows, p % bs].double()[:, heads].transpose(0, 1)
+        keys[:, n:], values[:, n:] = 0.0, 0.0
+        scores = (keys @ q[b].double()[:, :, None])[..., 0] / (math.sqrt(D) if scaled else 1.0)   # (Hq, end)
+        m = torch.full((Hq,), -math.inf, dtype=torch.float64)
+        l, acc = torch.zeros(Hq, dtype=torch.float64), torch.zeros(Hq, D, dtype=torch.float64)
+        for t0 in range(0, end, bs):
+            s, v = scores[:, t0:t0 + bs], values[:, t0:t0 + bs]
+            m_new = torch.maximum(m, s.max(dim=1).values)
+            c = torch.exp(m - m_new)
+            w = torch.exp(s - m_new[:, None])
+            l = (c if rescale_sum else 1.0) * l + w.sum(dim=1)
+            acc = (c[:, None] if rescale_output else 1.0) * acc + (w[:, :, None] * v).sum(dim=1)
+            m = m_new
+        out[b] = acc / l[:, None]
+    return out
+
+
+def paged_stray(num_blocks: int, n_kv: int, group: int) -> Callable[[dict], str]:
+    """The diagnosis of a paged decode kernel's stray access (``kernel_checks.launch_case``'s name_stray)."""
+    def name(v: dict) -> str:
+        tensor, index = v["tensor"], v["index"]
+        if not v["inside_buffer"]:
+            return ("an address far from every tensor: an offset is wrong (slot s of block n, KV head g, column d "
+                    "is at n * stride_kb + s * stride_ks + g * stride_kh + d; query head h of sequence b at "
+                    "b * stride_qb + h * stride_qh; load the block id from bt_ptr + b * stride_tb + i)")
+        if tensor in ("k_cache", "v_cache") and v["op"] == "load":
+            if index[2] >= n_kv:
+                return (f"KV head {index[2]} was read, but there are {n_kv}: query head h reads KV head h // GROUP "
+                        f"(GROUP = {group} query heads share each KV head), not KV head h")
+            if index[0] >= num_blocks:
+                return (f"block {num_blocks} was read: the id the launcher writes in the block table's padding (the "
+                        "entries past a row's ceil(context / BLOCK_SIZE) blocks). A sequence's loads must be masked "
+                        "with position < context, and its loop must stop after its last block")
+            if index[3] >= v["shape"][3]:
+                return "a column past HEAD_DIM was read: a head's columns are tl.arange(0, HEAD_DIM)"
+        if tensor == "block_tables" and v["op"] == "load":
+            return (f"the block table was read past the end of row {index[0]}: a sequence of context L has "
+                    "ceil(L / BLOCK_SIZE) blocks (tl.cdiv(context, BLOCK_SIZE)); loop over those entries only")
+        if tensor == "context_lens":
+            return "context_lens was read past its B entries: sequence b's context length is at cl_ptr + b"
+        if tensor == "o" and v["op"] == "store":
+            return "the store strayed: program (b, h) writes o[b, h, :] at o_ptr + b * stride_ob + h * stride_oh + d"
+        if tensor == "q":
+            return "the query load strayed: query head h of sequence b is at q_ptr + b * stride_qb + h * stride_qh + d"
+        return ""
+    return name
+
+
+def check_paged_decode_kernel(kernel, seed: int = 0, cases: int = 4) -> None:
+    """Contract: the learner's ``@triton.jit`` kernel computes decode attention over a paged KV cache,
+    launched by the course (``course_lib.kernels.exercise.launch_paged_decode``: grid (B, Hq), the
+    caches in a layout with poisoned padding) under Triton's interpreter on the cases
+    ``paged_kernel_cases`` draws (GQA and MQA, context lengths that are not block multiples, one
+    position, padded block tables, a shared prefix block, float32 and bfloat16):
+
+    - every lane it loads or stores addresses an element of its tensors (the table's padding holds an
+      id past the pool, each block has poisoned heads after its KV heads, and every slot no sequence
+      reads is NaN);
+    - o equals contiguous attention over each sequence's positions in float64 within
+      1e-5 max|v| + 1e-6 per element; the message also gives the difference from the course's
+      PyTorch paged path (``reference_paged_decode_attention``).
+    A plain function in the kernel's place is refused: the exercise is the kernel."""
+    from ..kernels.paged_attention import reference_paged_decode_attention
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for case, spec in enumerate(paged_kernel_cases(rng, cases)):
+        q, k_cache, v_cache, table, lens = _paged_inputs(spec, gen)
+        B, Hq, D = q.shape
+        Hkv, bs = spec["Hkv"], spec["block_size"]
+        what = (f"paged_decode_kernel(case {case}: {B} sequence{'s' * (B > 1)} of context {spec['lens']}, Hq {Hq}, "
+                f"Hkv {Hkv}, D {D}, BLOCK_SIZE {bs}, table width {table.shape[1]}, "
+                f"{str(spec['dtype']).replace('torch.', '')}{', a shared first block' * spec['shared']})")
+        o = launch_case(kernel, "paged_decode", what, paged_stray(k_cache.shape[0], Hkv, Hq // Hkv),
+                        q, k_cache, v_cache, table, lens)
+        o = check_tensor(f"{what}: o", o, shape=(B, Hq, D), dtype=torch.float32, allow_nan=True)
+        exact = _paged_decode64(q, k_cache, v_cache, table, lens)
+        bound = 1e-5 * float(v_cache.double().abs().max()) + 1e-6
+        err = (o.double() - exact).abs()
+        if bool((err <= bound).all()):
+            continue
+        b, h = (int(i) for i in (~(err <= bound)).nonzero()[0, :2])
+        course = reference_paged_decode_attention(q, k_cache, v_cache, table, lens).double()
+        failure = ContractError(
+            f"{what}: o[{b}, {h}] (query head {h} of sequence {b}, {int(lens[b])} positions, KV head {h // (Hq // Hkv)}) "
+            + ("holds NaN" if bool(o[b, h].isnan().any()) else f"differs from contiguous attention by {float(err[b, h].max()):.3g}")
+            + f" (allowed {bound:.3g}; the course's PyTorch paged path differs by {float((course - exact).abs().max()):.2g}); "
+            f"{int((~(err <= bound)).any(dim=2).sum())} of {B * Hq} (sequence, head) pairs wrong")
+
+        def same(got, candidate):
+            return bool((((got.double() - candidate).abs() <= bound) | (got.isnan() & candidate.isnan())).all())
+
+        def variant(**change):
+            return lambda: _paged_decode64(q, k_cache, v_cache, table, lens, **change)
+
+        variants = {
+            "query head h reads KV head h % Hkv (round robin); it reads h // GROUP": variant(kv_head=lambda h, G, n: h % n)
+            if 1 < Hkv < Hq else lambda: None,
+            "the running sum l not rescaled by exp(m - m_new) when the maximum grows": variant(rescale_sum=False),
+            "the running output acc not rescaled by exp(m - m_new) when the maximum grows": variant(rescale_output=False),
+            "neither l nor acc rescaled by exp(m - m_new) when the maximum grows": variant(rescale_sum=False,
+                                                                                       rescale_output=False),
+            "the slots of the last block past the context counted with score 0: set their scores to -inf "
+            "(tl.where(position < context, s, -inf)) so that exp gives them weight 0": variant(zero_tail=True),
+            "the last, partly filled block left out: a context of L positions spans tl.cdiv(L, BLOCK_SIZE) blocks, "
+            "not L // BLOCK_SIZE": variant(positions=lambda n, size: n // size * size)
+            if any(int(n) % bs for n in lens) else lambda: None,
+            "the scores not multiplied by scale (1 / sqrt(HEAD_DIM))": variant(scaled=False),
+            "only the first block read: loop over every block of the sequence": variant(positions=lambda n, size: min(n, size))
+            if any(int(n) > bs for n in lens) else lambda: None,
+        }
+        failure = diagnose(failure, o, variants, same)
+        if failure.diagnosis or not bool(o.isnan().any()):
+            raise failure
+        raise with_diagnosis(failure, (
+            "NaN: never stored (o starts as NaN; program (b, h) owns o[b, h, :]), or computed from a NaN. In this "
+            "launch every slot of the pool that no sequence reads holds NaN (the rest of a last block, free blocks), "
+            "as a real pool holds stale values there: mask the K and V loads with position < context (other=0.0). "
+            "A multiplication by a zero weight does not remove a NaN"), likely=False)
+
+
 # -- the lab's declared tables (see tables.py) -------------------------------------------------
 _TOY = {"toy": ("course_lib.models.decoder", "toy_decoder", {"seed": 0})}  # what the set-up cell builds
 _EMBEDDING = (Probe(Decoder, "embed_tokens"),)   # where _TokenCounter counts the token ids fed to the model
@@ -647,6 +843,7 @@ CONTRACTS = (
     Contract("test_online_softmax", check_online_softmax, ("online_softmax_update",),
              references=("course_lib.models.online_softmax.online_softmax_update",
                          "course_lib.models.online_softmax.online_attention")),
+    Contract("test_paged_decode_kernel", check_paged_decode_kernel, ("paged_decode_kernel",), launcher="paged_decode"),
 )
 
 _NEXT_POSITION = "position = torch.tensor([cache.length])"
@@ -711,5 +908,20 @@ FAULTS = (
            Edit("online_softmax_update", "p = torch.exp(scores - m_new)", "p = torch.exp(scores)")),
           {"test_online_softmax": "raw scores"},
           "takes exp of the raw scores: right in real arithmetic, infinite in float32 for scores near 1e4"),
+    Fault("paged_kernel_kv_head",
+          (Edit("paged_decode_kernel", "kvh = h // GROUP", "kvh = h"),),
+          {"test_paged_decode_kernel": "query head h reads KV head h // GROUP"},
+          "reads KV head h for query head h, as if every query head had its own KV head"),
+    Fault("paged_kernel_tail_unmasked",
+          (Edit("paged_decode_kernel", "k = tl.load(k_ptr + offsets, mask=valid[:, None], other=0.0)",
+                "k = tl.load(k_ptr + offsets)"),
+           Edit("paged_decode_kernel", "v = tl.load(v_ptr + offsets, mask=valid[:, None], other=0.0)",
+                "v = tl.load(v_ptr + offsets)")),
+          {"test_paged_decode_kernel": "mask the K and V loads"},
+          "loads whole blocks, the stale slots after the context included, and relies on their zero weights"),
+    Fault("paged_kernel_sum_not_rescaled",
+          (Edit("paged_decode_kernel", "l = correction * l + tl.sum(p, axis=0)", "l = l + tl.sum(p, axis=0)"),),
+          {"test_paged_decode_kernel": "running sum l not rescaled"},
+          "adds each block's exponentials to a running sum taken against the old maximum"),
 )
 check_tables(CONTRACTS, FAULTS)

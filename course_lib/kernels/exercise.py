@@ -53,13 +53,14 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from ..validation import instance, positive_number, power_of_two
+from ..validation import ArgumentTypeError, instance, positive_number, power_of_two
 from . import check_tile, import_triton
 from .gemv import check_gemv_inputs
+from .paged_attention import check_paged_decode_inputs
 from .w4a16 import check_w4a16_inputs
 
 __all__ = ["triton", "tl", "TritonUnavailable", "NEEDS_TRITON", "launcher", "LAUNCHERS", "launch_gemv", "launch_rms_norm",
-           "launch_w4a16",
+           "launch_w4a16", "launch_paged_decode",
            "is_triton_kernel", "guarded", "guard_changed", "GUARD_ROWS", "GUARD_COLUMNS",
            "OUTPUT_GUARD_COLUMNS", "SENTINEL"]
 
@@ -319,13 +320,11 @@ def _guarded_input(t: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def guard_changed(view: torch.Tensor, buffer: torch.Tensor) -> bool:
-    """Whether anything outside VIEW in BUFFER (filled with SENTINEL) was written."""
-    outside = torch.ones(buffer.shape, dtype=torch.bool, device=buffer.device)
-    if view.dim() == 1:
-        outside[GUARD_ROWS:GUARD_ROWS + view.shape[0]] = False
-    else:
-        outside[GUARD_ROWS:GUARD_ROWS + view.shape[0], :view.shape[1]] = False
-    return not bool((buffer[outside] == SENTINEL).all())
+    """Whether anything outside VIEW (any strided view of BUFFER) in BUFFER (filled with SENTINEL) was written."""
+    outside = torch.ones(buffer.numel(), dtype=torch.bool, device=buffer.device)
+    offset = view.storage_offset() - buffer.storage_offset()
+    outside.as_strided(tuple(view.shape), tuple(view.stride()), offset).fill_(False)
+    return not bool((buffer.reshape(-1)[outside] == SENTINEL).all())
 
 
 # -- the address trace ----------------------------------------------------------------------------
@@ -680,9 +679,97 @@ def launch_w4a16(kernel, x: torch.Tensor, packed: torch.Tensor, scales: torch.Te
     return y_view.detach().to("cpu").clone(), report
 
 
+def _guarded_cache(cache: torch.Tensor, n_heads: int, unread: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(view, buffer): a copy of CACHE (num_blocks, block_size, Hkv, D) laid out block, head, slot, column
+    in a NaN buffer with a guard block after the pool, N_HEADS - Hkv + 1 guard heads in every block and
+    GUARD_COLUMNS more columns per slot, so a KV head >= Hkv, a block id past the pool or a column past D
+    lands in poison. The slots UNREAD (num_blocks, block_size) bool marks are NaN too."""
+    num_blocks, block_size, n_kv, dim = cache.shape
+    buffer = torch.full((num_blocks + 2 * GUARD_ROWS, n_kv + max(1, n_heads - n_kv), block_size, dim + GUARD_COLUMNS),
+                        math.nan, dtype=cache.dtype, device=device)
+    view = buffer[GUARD_ROWS:GUARD_ROWS + num_blocks, :n_kv, :, :dim].permute(0, 2, 1, 3)
+    view.copy_(cache)
+    view.masked_fill_(unread.to(device)[:, :, None, None], math.nan)
+    return view, buffer
+
+
+def launch_paged_decode(kernel, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        block_tables: torch.Tensor, context_lens: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """Launch a learner's paged decode-attention kernel: one query per sequence over K/V kept in blocks
+    (Lab 2; shapes and the block table as ``course_lib.kernels.paged_attention``).
+
+    The kernel's signature: ``paged_decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cl_ptr, o_ptr, scale,
+    stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_tb, stride_ob, stride_oh,
+    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr)``. Element d of query head h
+    of sequence b is at ``q_ptr + b * stride_qb + h * stride_qh + d``; slot s of physical block n, KV head
+    g, column d of either cache at ``k_ptr`` (``v_ptr``) ``+ n * stride_kb + s * stride_ks + g * stride_kh
+    + d`` (the two caches share their strides, which are not those of a contiguous tensor); entry i of
+    sequence b's block table at ``bt_ptr + b * stride_tb + i``; its context length at ``cl_ptr + b``; the
+    output like q with ``stride_ob``, ``stride_oh``. ``scale`` is 1 / sqrt(HEAD_DIM); ``GROUP`` = Hq / Hkv.
+    The grid is ``(B, Hq)``: program ``(b, h)`` owns o[b, h, :] and reads KV head h // GROUP.
+
+    What the launch holds for a kernel that reads what it should not: every slot of the pool that no
+    sequence of the call reads (the rest of a last block, free blocks) is NaN, the table's entries past
+    a row's ceil(context_lens[b] / block_size) blocks hold ``num_blocks`` (an id just past the pool:
+    the guard block), and each cache block has poisoned heads after its Hkv real ones.
+
+    Args:
+        kernel: the learner's ``@triton.jit`` function.
+        q, k_cache, v_cache, block_tables, context_lens: as ``reference_paged_decode_attention``
+            (checked by ``check_paged_decode_inputs``), q float32 or bfloat16, block_size and D powers
+            of two (``tl.arange`` spans a block's slots and a head's columns). Copied into guarded buffers.
+
+    Returns:
+        (o, report): o (B, Hq, D) float32 on the CPU, NaN where the kernel stored nothing; the report as
+        the module docstring describes.
+
+    Raises:
+        ArgumentTypeError / ValueError: as ``check_paged_decode_inputs``; q not float32 or bfloat16; a
+            block size or head dimension that is not a power of two; KERNEL not a learner's @triton.jit
+            function. TritonUnavailable: triton does not import.
+    """
+    check_paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens)
+    if q.dtype not in (torch.float32, torch.bfloat16):
+        raise ArgumentTypeError(f"paged_decode_kernel is launched on float32 or bfloat16 queries and caches, got {q.dtype}")
+    B, Hq, D = q.shape
+    num_blocks, block_size, Hkv, _ = k_cache.shape
+    power_of_two("the block size (k_cache.shape[1])", block_size, note="tl.arange spans a block's slots")
+    power_of_two("the head dimension (q.shape[2])", D, note="tl.arange spans a head's columns")
+    check_tile("paged_decode_kernel", block_size=block_size, head_dim=D)
+    interpreted = _learner_kernel(kernel, "paged_decode_kernel")
+    device = _device(interpreted)
+    lens = [int(n) for n in context_lens.tolist()]
+    table = block_tables.detach().to("cpu", torch.int64).clone()
+    unread = torch.ones(num_blocks, block_size, dtype=torch.bool)
+    for b, length in enumerate(lens):
+        used = -(-length // block_size)
+        slots = torch.arange(length)
+        unread[table[b, slots // block_size], slots % block_size] = False
+        table[b, used:] = num_blocks                      # padding: the guard block past the pool
+    q_view, q_buffer = guarded((B, Hq * D), q.dtype, device, math.nan)
+    q_view = q_view.view(B, Hq, D)
+    q_view.copy_(q)
+    k_view, k_buffer = _guarded_cache(k_cache, Hq, unread, device)
+    v_view, v_buffer = _guarded_cache(v_cache, Hq, unread, device)
+    t_view, t_buffer = _guarded_input(table.to(block_tables.dtype), device)
+    c_view, c_buffer = _guarded_input(context_lens, device)
+    o_flat, o_buffer = _output((B, Hq * D), device)
+    o_view = o_flat.view(B, Hq, D)
+    report = _launch(kernel, "paged_decode_kernel", interpreted, (B, Hq),
+                     (q_view, k_view, v_view, t_view, c_view, o_view, 1.0 / math.sqrt(D),
+                      q_view.stride(0), q_view.stride(1), k_view.stride(0), k_view.stride(1), k_view.stride(2),
+                      t_view.stride(0), o_view.stride(0), o_view.stride(1)),
+                     {"GROUP": Hq // Hkv, "BLOCK_SIZE": block_size, "HEAD_DIM": D},
+                     {"q": (q_view, q_buffer), "k_cache": (k_view, k_buffer), "v_cache": (v_view, v_buffer),
+                      "block_tables": (t_view, t_buffer), "context_lens": (c_view, c_buffer)},
+                     {"o": (o_view, o_buffer)})
+    return o_view.detach().to("cpu").clone(), report
+
+
 #: The course's launcher of each kernel exercise, by name (the grading judge's call requests name
 #: one: ``course_grader.remote.answer_call`` launches the learner's kernel through it).
-LAUNCHERS: dict[str, Callable] = {"gemv": launch_gemv, "rms_norm": launch_rms_norm, "w4a16": launch_w4a16}
+LAUNCHERS: dict[str, Callable] = {"gemv": launch_gemv, "rms_norm": launch_rms_norm, "w4a16": launch_w4a16,
+                                  "paged_decode": launch_paged_decode}
 
 
 def launcher(kernel, exercise: str) -> Callable:
