@@ -25,7 +25,7 @@ from ..exercises import ExerciseNeeded
 from ..kernels.exercise import launcher
 from .contracts import ContractError, with_diagnosis
 
-__all__ = ["launch_case", "stray_text", "check_all_stored"]
+__all__ = ["launch_case", "stray_text", "check_all_stored", "raise_if_bfloat16_arithmetic"]
 
 
 def stray_text(violation: dict) -> str:
@@ -92,3 +92,20 @@ def check_all_stored(what: str, y: torch.Tensor, owns: str) -> None:
                             f"{y.numel()} elements): never stored (y starts as NaN), or computed from a NaN. {owns}; "
                             "a masked load without other=0.0 reads NaN in its masked lanes here (on a GPU they are "
                             "undefined)")
+
+
+def raise_if_bfloat16_arithmetic(failure: ContractError, dtype: torch.dtype, right_in_float32: Callable[[], bool],
+                                 loaded: str) -> None:
+    """Raise FAILURE with the diagnosis "arithmetic on bfloat16 values" when the case's inputs were
+    bfloat16 (DTYPE) and the same kernel is right on the same values in float32 (RIGHT_IN_FLOAT32
+    relaunches it and compares); otherwise return. LOADED names what to convert after loading it
+    ("what you load", "x's tile").
+
+    Triton's interpreter does not compute bfloat16 arithmetic (it operates on the raw 16-bit patterns);
+    a GPU would round each product to bfloat16. Either way the kernel must convert first."""
+    if dtype != torch.bfloat16 or not right_in_float32():
+        return
+    raise with_diagnosis(failure, (
+        f"right for float32 inputs, wrong for bfloat16 ones: arithmetic on the bfloat16 values themselves. Convert "
+        f"{loaded} with .to(tl.float32) before computing with it (Triton's interpreter computes garbage from "
+        "bfloat16's raw bits; on a GPU every product would be rounded to bfloat16)"), likely=False)

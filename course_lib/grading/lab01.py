@@ -39,9 +39,8 @@ from ..hardware import Device
 from ..kernels.gemv import reference_gemv
 from ..models.config import ModelConfig
 from .contracts import (ContractError, attempts, check_bytes, check_int, check_own_function, check_real,
-                        check_significant, check_tensor, close, diagnose, significant_tolerance,
-                        with_diagnosis)
-from .kernel_checks import check_all_stored, launch_case
+                        check_significant, check_tensor, close, diagnose, significant_tolerance)
+from .kernel_checks import check_all_stored, launch_case, raise_if_bfloat16_arithmetic
 from .tables import Contract, Edit, Fault, check_tables
 
 __all__ = ["random_config", "random_device", "kv_terms", "check_parameter_count", "check_kv_bytes_per_token",
@@ -520,14 +519,9 @@ def check_gemv_kernel(kernel, seed: int = 0, cases: int = 4) -> None:
         failure = ContractError(f"{what}: y[{row}] = {float(y[row]):.6g}, expected {float(expected[row]):.6g} "
                                 f"(|diff| {float(err[row]):.3g} > allowed {float(bound[row]):.3g}); "
                                 f"{int((err > bound).sum())} of {m} rows over")
-        if dtype == torch.bfloat16:
-            y32 = launch_case(kernel, "gemv", what, _gemv_stray(m, n), Wf, xf, block_m=bm, block_n=bn)
-            if bool(((y32.double() - expected.double()).abs() <= bound).all()):
-                raise with_diagnosis(failure, (
-                    "right for float32 inputs, wrong for bfloat16 ones: arithmetic on the bfloat16 values "
-                    "themselves. Convert what you load with .to(tl.float32) before multiplying (on a GPU the "
-                    "products would be rounded to bfloat16; Triton's interpreter computes garbage from their raw bits)"),
-                    likely=False)
+        raise_if_bfloat16_arithmetic(failure, dtype, lambda: bool(((launch_case(
+            kernel, "gemv", what, _gemv_stray(m, n), Wf, xf, block_m=bm, block_n=bn).double() - expected.double()).abs()
+            <= bound).all()), "what you load")
         tiles = [(n0, min(n0 + bn, n)) for n0 in range(0, n, bn)]
         raise diagnose(failure, y, {
             f"only the first column tile summed (columns 0-{tiles[0][1] - 1}): loop over every tile of BLOCK_N "

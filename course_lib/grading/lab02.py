@@ -30,7 +30,7 @@ from ..models.online_softmax import initial_state
 from ..models.rope import apply_rope
 from .contracts import (ContractError, call_on_copies, check_bytes, check_close, check_int_list, check_logits_close,
                         check_own_function, check_tensor, diagnose, with_diagnosis)
-from .kernel_checks import launch_case
+from .kernel_checks import launch_case, raise_if_bfloat16_arithmetic
 from .tables import Contract, Edit, Fault, Probe, Writes, check_tables
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -777,7 +777,7 @@ def check_paged_decode_kernel(kernel, seed: int = 0, cases: int = 4) -> None:
         if bool((err <= bound).all()):
             continue
         b, h = (int(i) for i in (~(err <= bound)).nonzero()[0, :2])
-        course = reference_paged_decode_attention(q, k_cache, v_cache, table, lens).double()
+        course = reference_paged_decode_attention(q.float(), k_cache.float(), v_cache.float(), table, lens).double()
         failure = ContractError(
             f"{what}: o[{b}, {h}] (query head {h} of sequence {b}, {int(lens[b])} positions, KV head {h // (Hq // Hkv)}) "
             + ("holds NaN" if bool(o[b, h].isnan().any()) else f"differs from contiguous attention by {float(err[b, h].max()):.3g}")
@@ -806,6 +806,9 @@ def check_paged_decode_kernel(kernel, seed: int = 0, cases: int = 4) -> None:
             "only the first block read: loop over every block of the sequence": variant(positions=lambda n, size: min(n, size))
             if any(int(n) > bs for n in lens) else lambda: None,
         }
+        raise_if_bfloat16_arithmetic(failure, spec["dtype"], lambda: same(launch_case(
+            kernel, "paged_decode", what, paged_stray(k_cache.shape[0], Hkv, Hq // Hkv), q.float(), k_cache.float(),
+            v_cache.float(), table, lens), exact), "what you load (q, K and V)")
         failure = diagnose(failure, o, variants, same)
         if failure.diagnosis or not bool(o.isnan().any()):
             raise failure

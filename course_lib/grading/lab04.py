@@ -54,8 +54,8 @@ from ..quant.perplexity import perplexity as reference_perplexity
 from ..quant.perplexity import token_windows
 from ..quant import smoothquant as SQ
 from .contracts import (ContractError, attempts, call_on_copies, check_int, check_own_function, check_real,
-                        check_tensor, close, diagnose, is_grader_error, with_diagnosis)
-from .kernel_checks import check_all_stored, launch_case
+                        check_tensor, close, diagnose, is_grader_error)
+from .kernel_checks import check_all_stored, launch_case, raise_if_bfloat16_arithmetic
 from .tables import Contract, Edit, Fault, check_tables
 
 __all__ = ["check_quantize_symmetric", "check_quantize_asymmetric", "check_int4_nbytes", "check_pack_int4",
@@ -847,11 +847,8 @@ def check_w4a16_kernel(kernel, seed: int = 0, cases: int = 3) -> None:
         failure = ContractError(f"{what}: y[{r}, {c}] = {float(y[r, c]):.6g}, expected {float(expected[r, c]):.6g} "
                                 f"(|diff| {float(err[r, c]):.3g} > allowed {float(bound[r, c]):.3g}); "
                                 f"{int((err > bound).sum())} of {y.numel()} values over")
-        if dtype == torch.bfloat16 and bool(((run(x.float()).double() - expected.double()).abs() <= bound).all()):
-            raise with_diagnosis(failure, (
-                "right for float32 activations, wrong for bfloat16 ones: arithmetic on the bfloat16 values "
-                "themselves. Convert x's tile with .to(tl.float32) after loading it (Triton's interpreter computes "
-                "garbage from bfloat16's raw bits; a GPU would round every product to bfloat16)"), likely=False)
+        raise_if_bfloat16_arithmetic(failure, dtype, lambda: bool(((run(x.float()).double() - expected.double()).abs()
+                                                                   <= bound).all()), "x's tile")
         xf = x.float()
         variants = {
             "the nibble order swapped: code k is in the LOW nibble (bits 0-3) of byte k // 2 when k is even, the "
