@@ -76,7 +76,7 @@ def test_invariant_linear_refuses_products_per_row_view_and_a_written_input(seed
 
     with pytest.raises(ContractError, match="a product per row"):
         lab06.check_invariant_linear(per_row_views, seed=seed)
-    with pytest.raises(ContractError, match=r"changed its tensor argument 1 in place \(shape"):
+    with pytest.raises(ContractError, match=r"changed its tensor argument 1 \(`x`\) in place \(shape"):
         lab06.check_invariant_linear(pads_in_place, seed=seed)
 
 

@@ -24,6 +24,7 @@ case, what differed and the diagnosis first, then the learner's own cell line
 from __future__ import annotations
 
 import functools
+import inspect
 import linecache
 import math
 import os
@@ -295,18 +296,25 @@ def call_on_copies(what: str, fn: Callable, *args, writes: Sequence[int] = (), *
             changed a tensor argument in place (its values, shape or dtype).
         An exception of the grading machinery (``is_grader_error``) passes through unchanged.
     """
-    originals, copies = [], []
+    originals, copies, labels = [], [], []
 
-    def copied(value):
+    def copied(value, label: str):
         if type(value) is torch.Tensor:
             originals.append(value)
             copies.append(value.clone())
+            labels.append(label)
             return copies[-1]
         if type(value) in (list, tuple):
-            return type(value)(copied(v) for v in value)
+            return type(value)(copied(v, f"{label}[{j}]") for j, v in enumerate(value))
         return value
-    args = tuple(a if i in writes else copied(a) for i, a in enumerate(args))
-    kwargs = {k: copied(v) for k, v in kwargs.items()}
+    try:
+        names = [p.name for p in inspect.signature(fn).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except Exception:       # no signature to read (a builtin, an object whose __signature__ raises): number them
+        names = []
+    args = tuple(a if i in writes else copied(a, f"argument {i + 1}" + (f" (`{names[i]}`)" if i < len(names) else ""))
+                 for i, a in enumerate(args))
+    kwargs = {k: copied(v, f"argument `{k}`") for k, v in kwargs.items()}
     try:
         result = fn(*args, **kwargs)
     except (ContractError, KeyboardInterrupt):
@@ -315,11 +323,11 @@ def call_on_copies(what: str, fn: Callable, *args, writes: Sequence[int] = (), *
         if is_grader_error(exc):
             raise
         raise ContractError(f"{what}: your function raised {type(exc).__name__}: {exc}") from None
-    for n, (before, after) in enumerate(zip(originals, copies)):
+    for label, before, after in zip(labels, originals, copies):
         if after.shape != before.shape or after.dtype != before.dtype or not torch.equal(after, before):
             change = (f"shape {tuple(before.shape)} -> {tuple(after.shape)}" if after.shape != before.shape else
                       f"dtype {before.dtype} -> {after.dtype}" if after.dtype != before.dtype else "its values")
-            raise ContractError(f"{what}: your function changed its tensor argument {n + 1} in place ({change}); a "
+            raise ContractError(f"{what}: your function changed its tensor {label} in place ({change}); a "
                                 "function must leave the tensors it is given as they were: work on a copy "
                                 "(x.clone(), torch.cat, torch.nn.functional.pad)")
     return result
