@@ -6,11 +6,13 @@ one case and turns the report into the course's errors, in this order:
 
 1. the kernel raised: ``ExerciseNeeded`` for nbgrader's unsolved stub (``NotImplementedError``),
    else a ``ContractError`` quoting the exception;
-2. a lane loaded or stored outside the launch's tensors: a ``ContractError`` naming the access
+2. Triton's compiler refuses it for a GPU (the launcher compiles it, no GPU needed): a
+   ``ContractError`` quoting the compiler;
+3. a lane loaded or stored outside the launch's tensors: a ``ContractError`` naming the access
    (load or store, tensor, element index, program) and, through the lab's ``name_stray`` function,
    the mask or offset that is wrong;
-3. a write landed in an output's guard (a compiled launch, where nothing is traced);
-4. the kernel stored nothing at all.
+4. a write landed in an output's guard (a compiled launch, where nothing is traced);
+5. the kernel stored nothing at all.
 
 Only then does the checker compare values. A launch refused before it started (not a
 ``@triton.jit`` function, course_lib's own kernel, no Triton here) raises from the launcher itself.
@@ -22,7 +24,7 @@ from typing import Callable
 import torch
 
 from ..exercises import ExerciseNeeded
-from ..kernels.exercise import launcher
+from ..kernels.exercise import KernelSourceError, launcher
 from .contracts import ContractError, with_diagnosis
 
 __all__ = ["launch_case", "stray_text", "check_all_stored", "raise_if_bfloat16_arithmetic"]
@@ -49,10 +51,14 @@ def launch_case(kernel, exercise: str, case_text: str, name_stray: Callable[[dic
 
     Raises:
         ExerciseNeeded: the kernel still raises nbgrader's NotImplementedError.
-        ContractError: the kernel raised, strayed outside its tensors, wrote into a guard, or
+        ContractError: the kernel's source uses what is not Triton (``KernelSourceError``), the kernel
+            raised, does not compile for a GPU, strayed outside its tensors, wrote into a guard, or
             stored nothing.
     """
-    *outputs, report = launcher(kernel, exercise)(*args, **kwargs)
+    try:
+        *outputs, report = launcher(kernel, exercise)(*args, **kwargs)
+    except KernelSourceError as exc:        # the static rule on the kernel's source: the learner's error
+        raise ContractError(f"{case_text}: {exc}") from None
     if type(report) is not dict:
         raise ContractError(f"{case_text}: the launch returned no report")
     error = report.get("error")
@@ -62,6 +68,10 @@ def launch_case(kernel, exercise: str, case_text: str, name_stray: Callable[[dic
                                  "write its body in the exercise cell, run that cell, then rerun this check.",
                                  unsolved=(str(report.get("kernel")),))
         raise ContractError(f"{case_text}: your kernel raised {str(error)[:800]}")
+    if report.get("compiled") is False:
+        raise ContractError(f"{case_text}: your kernel runs in Triton's interpreter, but Triton's compiler refuses "
+                            f"it for a GPU (checked without one, for CUDA compute capability 9.0), so it would not "
+                            f"run on a GPU:\n{str(report.get('compile_error'))[-1200:]}")
     violation = report.get("violation")
     if violation:
         diagnosis = name_stray(violation)

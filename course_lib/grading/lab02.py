@@ -7,7 +7,7 @@ and compares the result with a course_lib reference under a contract from
 course Lab 2 (rotary position off by one, frozen position, position reset on
 append, misaligned KV-head repeat, a causal mask aligned top-left, cache never cropped; the online
 softmax's sums not rescaled when the maximum grows, the maximum not subtracted; the paged decode kernel's
-KV head, unmasked tail and running sum) and
+KV head, unmasked tail, running sum and an integer running sum a GPU's compiler refuses) and
 names the one the learner's numbers match, so the message states the symptom, not just "wrong".
 """
 from __future__ import annotations
@@ -679,13 +679,15 @@ def _paged_inputs(spec: dict, gen: torch.Generator):
 
 def _paged_decode64(q, k_cache, v_cache, table, lens, *, kv_head: Callable[[int, int, int], int] = lambda h, G, n: h // G,
                     positions: Callable[[int, int], int] = lambda n, bs: n, zero_tail: bool = False, scaled: bool = True,
-                    rescale_sum: bool = True, rescale_output: bool = True) -> torch.Tensor:
+                    rescale_sum: bool = True, rescale_output: bool = True, update_max: bool = True,
+                    normalise: bool = True) -> torch.Tensor:
     """Decode attention in float64 by walking each sequence's blocks with the online softmax, the
     reference for the check and, with an argument changed, for the faults it names: ``kv_head(h, G,
     Hkv)`` the KV head query head h reads; ``positions(context, block_size)`` how many positions are
     read; ``zero_tail``: the rest of the last block read as keys and values 0 with score 0 (no -inf);
     ``scaled``: scores times 1 / sqrt(D); ``rescale_sum`` / ``rescale_output``: l and acc multiplied
-    by exp(m - m') when the maximum grows. Returns (B, Hq, D) float64 (NaN where l stays 0)."""
+    by exp(m - m') when the maximum grows; ``update_max``: m set to m' after each block; ``normalise``:
+    the output divided by l. Returns (B, Hq, D) float64 (NaN where l stays 0)."""
     B, Hq, D = q.shape
     bs, Hkv = k_cache.shape[1], k_cache.shape[2]
     heads = torch.tensor([kv_head(h, Hq // Hkv, Hkv) for h in range(Hq)])
@@ -708,8 +710,8 @@ def _paged_decode64(q, k_cache, v_cache, table, lens, *, kv_head: Callable[[int,
             w = torch.exp(s - m_new[:, None])
             l = (c if rescale_sum else 1.0) * l + w.sum(dim=1)
             acc = (c[:, None] if rescale_output else 1.0) * acc + (w[:, :, None] * v).sum(dim=1)
-            m = m_new
-        out[b] = acc / l[:, None]
+            m = m_new if update_max else m
+        out[b] = acc / l[:, None] if normalise else acc
     return out
 
 
@@ -722,15 +724,21 @@ def paged_stray(num_blocks: int, n_kv: int, group: int) -> Callable[[dict], str]
                     "is at n * stride_kb + s * stride_ks + g * stride_kh + d; query head h of sequence b at "
                     "b * stride_qb + h * stride_qh; load the block id from bt_ptr + b * stride_tb + i)")
         if tensor in ("k_cache", "v_cache") and v["op"] == "load":
-            if index[2] >= n_kv:
-                return (f"KV head {index[2]} was read, but there are {n_kv}: query head h reads KV head h // GROUP "
-                        f"(GROUP = {group} query heads share each KV head), not KV head h")
+            strides = ("the offset of slot s of block n, KV head g, column d is n * stride_kb + s * stride_ks + "
+                       "g * stride_kh + d, each index times its own stride: the caches are not contiguous, so "
+                       "BLOCK_SIZE * stride_ks is not stride_kb and HEAD_DIM is not stride_kh")
+            program = v.get("program") or []
             if index[0] >= num_blocks:
                 return (f"block {num_blocks} was read: the id the launcher writes in the block table's padding (the "
                         "entries past a row's ceil(context / BLOCK_SIZE) blocks). A sequence's loads must be masked "
                         "with position < context, and its loop must stop after its last block")
+            if index[2] >= n_kv and len(program) == 2 and index[2] == program[1] and group > 1:
+                return (f"KV head {index[2]} was read by query head {program[1]}, but there are {n_kv} KV heads: query "
+                        f"head h reads KV head h // GROUP (GROUP = {group} query heads share each KV head), not KV head h")
+            if index[2] >= n_kv:
+                return f"the load reached KV head {index[2]} of a block that has {n_kv}: {strides}"
             if index[3] >= v["shape"][3]:
-                return "a column past HEAD_DIM was read: a head's columns are tl.arange(0, HEAD_DIM)"
+                return f"a column past HEAD_DIM was read (column {index[3]}): {strides}"
         if tensor == "block_tables" and v["op"] == "load":
             return (f"the block table was read past the end of row {index[0]}: a sequence of context L has "
                     "ceil(L / BLOCK_SIZE) blocks (tl.cdiv(context, BLOCK_SIZE)); loop over those entries only")
@@ -803,6 +811,11 @@ def check_paged_decode_kernel(kernel, seed: int = 0, cases: int = 4) -> None:
             "not L // BLOCK_SIZE": variant(positions=lambda n, size: n // size * size)
             if any(int(n) % bs for n in lens) else lambda: None,
             "the scores not multiplied by scale (1 / sqrt(HEAD_DIM))": variant(scaled=False),
+            "acc stored without dividing it by l: acc is the unnormalised sum, the output is acc / l":
+                variant(normalise=False),
+            "the running maximum never updated (m = m_new missing): m stays -inf, so exp(m - m_new) = 0 wipes the "
+            "sums at every block and only the last block counts": variant(update_max=False)
+            if any(int(n) > bs for n in lens) else lambda: None,
             "only the first block read: loop over every block of the sequence": variant(positions=lambda n, size: min(n, size))
             if any(int(n) > bs for n in lens) else lambda: None,
         }
@@ -926,5 +939,10 @@ FAULTS = (
           (Edit("paged_decode_kernel", "l = correction * l + tl.sum(p, axis=0)", "l = l + tl.sum(p, axis=0)"),),
           {"test_paged_decode_kernel": "running sum l not rescaled"},
           "adds each block's exponentials to a running sum taken against the old maximum"),
+    Fault("paged_kernel_int_sum",
+          (Edit("paged_decode_kernel", "l = 0.0", "l = 0"),),
+          {"test_paged_decode_kernel": "compiler refuses it"},
+          "starts the running sum as the integer 0: the interpreter runs it, a GPU's compiler refuses a loop-carried "
+          "value whose type the loop changes"),
 )
 check_tables(CONTRACTS, FAULTS)

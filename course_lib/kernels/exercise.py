@@ -28,8 +28,11 @@ A launcher returns its outputs and a report, all plain data (it crosses the grad
 strides, out of range), ``shape``, ``strides`` (in elements), ``lanes`` (how many lanes of that access strayed), ``program``,
 ``inside_buffer`` and ``steps``: the element step along each axis of the access's block of
 addresses, so a row stride the kernel got wrong shows), ``guard_writes``
-(outputs whose sentinel changed) and ``error`` (None, or ``"Type: message"`` of what the kernel
-raised).
+(outputs whose sentinel changed), ``error`` (None, or ``"Type: message"`` of what the kernel
+raised), ``compiled`` and ``compile_error``: after an interpreted launch that raised nothing and
+strayed nowhere, whether Triton's compiler also builds the kernel for a GPU (``COMPILE_TARGET``; no
+GPU needed) and, when it refuses, its message; ``compiled`` is None where that was not tried (a
+compiled launch, or a compiler that cannot run here).
 
 Where triton does not import (macOS, Windows), :data:`triton` and :data:`tl` are stand-ins: a
 notebook's kernel cell still defines its kernel, and a launch raises :class:`TritonUnavailable`
@@ -59,7 +62,7 @@ from .gemv import check_gemv_inputs
 from .paged_attention import check_paged_decode_inputs
 from .w4a16 import check_w4a16_inputs
 
-__all__ = ["triton", "tl", "TritonUnavailable", "NEEDS_TRITON", "launcher", "LAUNCHERS", "launch_gemv", "launch_rms_norm",
+__all__ = ["triton", "tl", "TritonUnavailable", "KernelSourceError", "NEEDS_TRITON", "launcher", "LAUNCHERS", "launch_gemv", "launch_rms_norm",
            "launch_w4a16", "launch_paged_decode",
            "is_triton_kernel", "guarded", "guard_changed", "GUARD_ROWS", "GUARD_COLUMNS",
            "OUTPUT_GUARD_COLUMNS", "SENTINEL"]
@@ -80,6 +83,11 @@ NEEDS_TRITON = ("this exercise needs Triton, which imports on Linux x86_64 only 
 
 class TritonUnavailable(RuntimeError):
     """A kernel exercise was launched where triton does not import."""
+
+
+class KernelSourceError(TypeError):
+    """A learner's kernel uses, in its source, what Triton's compiler would refuse and its interpreter
+    would run as Python (``_check_kernel_source``): the learner's error, reported as a failed check."""
 
 
 class _MissingTritonLanguage:
@@ -215,7 +223,7 @@ def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
     launcher's memory; a GPU would not compile it.
 
     Raises:
-        TypeError: naming the construct or name that is not Triton, and its line.
+        KernelSourceError (a TypeError): naming the construct or name that is not Triton, and its line.
     """
     seen = set() if seen is None else seen
     if id(kernel) in seen:
@@ -226,19 +234,19 @@ def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
         lines, _ = inspect.getsourcelines(fn)
         tree = ast.parse(textwrap.dedent("".join(lines)))
     except (OSError, TypeError, SyntaxError) as exc:
-        raise TypeError(f"{name}: the kernel's source cannot be read ({exc}); define it in a notebook cell or a file") from None
+        raise KernelSourceError(f"{name}: the kernel's source cannot be read ({exc}); define it in a notebook cell or a file") from None
     # Triton's interpreter re-reads the source and compiles it from the LAST line that starts with "def "
     # (FunctionRewriter._find_def): another such line, in a docstring, a string or a comment, would be
     # what runs, unchecked.
     defs = [i for i, line in enumerate(lines) if line.strip().startswith("def ")]
     if len(defs) != 1:
-        raise TypeError(f"{name}, line {fn.__code__.co_firstlineno + (defs[1] if len(defs) > 1 else 0)}: a line of the kernel's source other "
+        raise KernelSourceError(f"{name}, line {fn.__code__.co_firstlineno + (defs[1] if len(defs) > 1 else 0)}: a line of the kernel's source other "
                         "than its own definition starts with `def ` (in a docstring, a string or a comment). Triton's "
                         "interpreter reads a kernel from the last such line, so it would run that text instead: "
                         "reword the line")
     top = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
     if top is None:
-        raise TypeError(f"{name}: no function definition in the kernel's source")
+        raise KernelSourceError(f"{name}: no function definition in the kernel's source")
     line0 = fn.__code__.co_firstlineno - 1
     local = {a.arg for a in top.args.args + top.args.kwonlyargs + top.args.posonlyargs}
     for node in ast.walk(top):
@@ -247,7 +255,7 @@ def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
     value_attributes = _value_attributes()
 
     def refuse(node, what: str):
-        raise TypeError(f"{name}, line {line0 + getattr(node, 'lineno', 1)}: {what}. A Triton kernel may use only its "
+        raise KernelSourceError(f"{name}, line {line0 + getattr(node, 'lineno', 1)}: {what}. A Triton kernel may use only its "
                         "arguments, triton.language (tl), constants and other @triton.jit functions; a GPU would not "
                         "compile this, and here it would run as plain Python")
 
@@ -500,7 +508,7 @@ def _launch(kernel, name: str, interpreted: bool, grid: tuple[int, ...], args: S
     trace = _Trace(regions, len(grid))
     report: dict = {"kernel": name, "mode": "interpreter" if interpreted else "compiled", "traced": False,
                     "grid": list(grid), "loaded": {}, "stored": {}, "violation": None, "guard_writes": [],
-                    "error": None}
+                    "error": None, "compiled": None, "compile_error": None}
     try:
         if interpreted:
             with trace:
@@ -514,9 +522,148 @@ def _launch(kernel, name: str, interpreted: bool, grid: tuple[int, ...], args: S
             cause = exc.__cause__ if type(exc).__name__ == "InterpreterError" and exc.__cause__ is not None else exc
             report["error"] = f"{type(cause).__name__}: {_message(cause)}"[:1500]
     report["violation"] = trace.violation
+    if interpreted and report["error"] is None and report["violation"] is None:
+        report["compiled"], report["compile_error"] = _gpu_compile(kernel, args, constexprs)
     report["loaded"], report["stored"] = trace.counts["load"], trace.counts["store"]
     report["guard_writes"] = [n for n, (view, buffer) in outputs.items() if guard_changed(view, buffer)]
     return report
+
+
+#: The GPU an interpreted launch also compiles the learner's kernel for (without running it): Triton's
+#: compiler needs no GPU, and an H100 (CUDA, compute capability 9.0, 32-thread warps) is the course's
+#: reference device. The interpreter runs some kernels a GPU's compiler refuses (a loop-carried value
+#: that changes type, ``l = 0`` then ``l = l * c + ...`` in float32); this finds them.
+COMPILE_TARGET = ("cuda", 90, 32)
+_COMPILED: dict[tuple, tuple[bool, str | None]] = {}   # (code, globals, signature, constexprs) -> verdict
+
+
+def _language_state() -> dict:
+    """A snapshot of what an interpreted launch can leave changed in triton.language: the namespaces of
+    its modules and the attributes of its tensor and dtype classes. (Triton's interpreter patches them
+    for a launch; a ``@triton.jit`` helper called inside one, ``tl.sum`` say, patches ``tl.core`` again
+    and never restores it, which the compiler then trips on.)"""
+    import sys
+    from types import ModuleType
+
+    state: dict = {name: dict(vars(module)) for name, module in list(sys.modules.items())
+                   if name.startswith("triton.language") and isinstance(module, ModuleType)}
+    for cls in (tl.tensor, tl.dtype, getattr(tl.core, "condition", None), getattr(tl.core, "tensor_descriptor_base", None)):
+        if cls is not None:
+            state[cls] = dict(vars(cls))
+    return state
+
+
+def _set_language_state(state: dict) -> None:
+    """Make triton.language what STATE (``_language_state``) recorded: changed names set back, added ones removed."""
+    import sys
+
+    for key, recorded in state.items():
+        target = sys.modules.get(key) if isinstance(key, str) else key
+        if target is None:
+            continue
+        now = vars(target)
+        for name in [n for n in now if n not in recorded]:
+            if isinstance(key, str):
+                del now[name]
+            else:
+                delattr(target, name)
+        for name, value in recorded.items():
+            if now.get(name, _MISSING) is not value:
+                if isinstance(key, str):
+                    now[name] = value
+                else:
+                    setattr(target, name, value)
+
+
+_MISSING = object()
+#: triton.language as this module found it (no launch has run yet: the set-up cell imports it first).
+_PRISTINE_LANGUAGE = None if isinstance(triton, _MissingTriton) else _language_state()
+
+
+def _swap_in_compiled(fn, swapped: list, seen: set) -> None:
+    """Replace, in FN's globals and in triton.language, each function ``@triton.jit`` built for the
+    interpreter that a compile would reach by a compiled build of the same function (recording the
+    originals in SWAPPED): Triton's compiler refuses interpreted functions, and under TRITON_INTERPRET
+    every ``@triton.jit`` function is one, triton.language's own helpers (``tl.cdiv``, ``tl.sum``) included."""
+    import sys
+    from types import ModuleType
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    if id(fn) in seen:
+        return
+    seen.add(id(fn))
+    namespaces = [vars(m) for n, m in list(sys.modules.items())
+                  if n.startswith("triton.language") and isinstance(m, ModuleType)] if len(seen) == 1 else []
+    namespaces.append(fn.__globals__)
+    for namespace in namespaces:
+        for name, obj in list(namespace.items()):
+            if type(obj) is InterpretedFunction and isinstance(getattr(obj, "fn", None), FunctionType):
+                swapped.append((namespace, name, obj))
+                namespace[name] = JITFunction(obj.fn)
+                if namespace is fn.__globals__:
+                    _swap_in_compiled(obj.fn, swapped, seen)
+
+
+def _gpu_compile(kernel, args: Sequence, constexprs: Mapping[str, int]) -> tuple[bool | None, str | None]:
+    """Compile KERNEL for ``COMPILE_TARGET`` with the types of this launch's ARGS (Triton's
+    ``mangle_type``) and its CONSTEXPRS: (True, None) when it compiles; (False, the compiler's message)
+    when the compiler refuses it (a ``CompilationError``: the kernel would not build on a GPU);
+    (None, None) when anything else stops the compile (no ptxas, an unwritable cache), which says
+    nothing about the kernel. Cached per kernel source, argument types and constexprs."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.jit import JITFunction, mangle_type
+
+    fn = kernel.fn
+    names = list(inspect.signature(fn).parameters)
+    positional = dict(zip([n for n in names if n not in constexprs], args))
+    signature = {n: "constexpr" if n in constexprs else mangle_type(positional[n]) for n in names}
+    key = (fn.__code__, id(fn.__globals__), tuple(signature.items()), tuple(sorted(constexprs.items())))
+    if key in _COMPILED:
+        return _COMPILED[key]
+
+    def compile_for_gpu(kernel_fn, kernel_signature, kernel_constexprs) -> None:
+        current, swapped = _language_state(), []
+        try:
+            _set_language_state(_PRISTINE_LANGUAGE)
+            _swap_in_compiled(kernel_fn, swapped, set())
+            triton.compile(ASTSource(JITFunction(kernel_fn), kernel_signature, constexprs=dict(kernel_constexprs)),
+                           target=GPUTarget(*COMPILE_TARGET))
+        finally:
+            for namespace, name, obj in reversed(swapped):
+                namespace[name] = obj
+            _set_language_state(current)
+
+    if "canary" not in _COMPILED:       # a kernel known to compile: if it does not, the compiler cannot run here
+        try:
+            compile_for_gpu(_compile_canary.fn, {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}, {"BLOCK": 16})
+            _COMPILED["canary"] = (True, None)
+        except Exception as exc:
+            _COMPILED["canary"] = (False, f"{type(exc).__name__}: {_message(exc)}"[:500])
+    if not _COMPILED["canary"][0]:
+        return None, None
+    verdict: tuple[bool, str | None] = (True, None)
+    try:
+        compile_for_gpu(fn, signature, constexprs)
+    except CompilationError as exc:
+        verdict = (False, _message(exc).strip()[-1500:])
+    except Exception:       # the compiler failed on its own: no verdict on the kernel
+        return None, None
+    _COMPILED[key] = verdict
+    return verdict
+
+
+if not isinstance(triton, _MissingTriton):
+    @triton.jit
+    def _compile_canary(x_ptr, n, BLOCK: tl.constexpr):
+        """What the learners' kernels use (a loop with a loaded bound, masks, reductions): it must compile."""
+        offsets = tl.arange(0, BLOCK)
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for i in range(0, tl.cdiv(n, BLOCK)):
+            acc += tl.load(x_ptr + i * BLOCK + offsets, mask=i * BLOCK + offsets < n, other=0.0)
+        tl.store(x_ptr + offsets, acc / tl.sum(acc, axis=0) + tl.max(acc, axis=0), mask=offsets < n)
 
 
 def _message(exc: BaseException) -> str:
