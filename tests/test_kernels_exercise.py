@@ -552,3 +552,120 @@ def test_a_kernel_source_that_is_not_triton_fails_the_check_in_one_line():
     kernel = _paged_solution(("kvh = h // GROUP", "kvh = h // sorted([GROUP])[0]"))
     with pytest.raises(ContractError, match=r"case 0: .*paged_decode_kernel, line \d+: `sorted` is not a Triton builtin"):
         lab02.check_paged_decode_kernel(kernel, seed=0, cases=1)
+
+
+# -- kernels that are Python in disguise (found by a hostile review of the paged exercise) ---------
+_CHEAT = '''
+import sys as _sys
+import triton
+import triton.language as tl
+
+RAN = []
+
+
+def _cheat(*_):
+    """What each disguise would run: walk up to the launcher and write the course's answer into o."""
+    RAN.append(1)
+    from course_lib.kernels.paged_attention import reference_paged_decode_attention as _ref
+    f = _sys._getframe(0)
+    while f is not None and "o_view" not in f.f_locals:
+        f = f.f_back
+    L = f.f_locals
+    L["o_view"].copy_(_ref(L["q"].float(), L["k_cache"].float(), L["v_cache"].float(), L["block_tables"],
+                           L["context_lens"]).float())
+    return 0
+'''
+_SIGNATURE = ("(q_ptr, k_ptr, v_ptr, bt_ptr, cl_ptr, o_ptr, scale, stride_qb, stride_qh, stride_kb, stride_ks, "
+              "stride_kh, stride_tb, stride_ob, stride_oh, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, "
+              "HEAD_DIM: tl.constexpr)")
+_ZERO_STORE = ("    d = tl.arange(0, HEAD_DIM)\n"
+               "    tl.store(o_ptr + tl.program_id(0) * stride_ob + tl.program_id(1) * stride_oh + d, "
+               "tl.zeros((HEAD_DIM,), dtype=tl.float32))\n")
+_DISGUISES = {
+    "a tl.dtype subclass that is callable": ("class _Fast(tl.dtype):\n    def __call__(self, *a):\n        return _cheat()\n"
+                                             "FAST = _Fast('fp32')\n", "    FAST()\n", "not a\\s+constant"),
+    "a tl.constexpr subclass that is callable": ("class _One(tl.constexpr):\n    def __call__(self, *a):\n        return _cheat()\n"
+                                                 "ONE = _One(1)\n", "    ONE()\n", "not a\\s+constant"),
+    "an object whose __class__ says tl.dtype": ("class _Liar:\n    __class__ = property(lambda self: tl.dtype)\n"
+                                                "    def __call__(self, *a):\n        return _cheat()\nLIAR = _Liar()\n",
+                                                "    LIAR()\n", "not a\\s+constant"),
+    "a name planted in triton.language": ("_cheat.__module__ = 'triton.language.standard'\ntl.group_sum = _cheat\n",
+                                          "    tl.group_sum(d)\n", "not part of triton.language"),
+    "a @triton.jit helper that claims to be triton's": (
+        "@triton.jit\ndef _helper(x):\n    import sys\n    return x\n_helper.fn.__module__ = 'triton.language.standard'\n",
+        "    _helper(d)\n", "an import"),
+}
+
+
+def _disguised(tmp_path, name: str, preamble: str, body: str, def_line: str = "def paged_decode_kernel"):
+    """Write the module (the cheat, PREAMBLE, then a kernel whose body stores zeros and runs BODY) and import it
+    with the interpreter on, as a notebook cell would define it."""
+    import importlib.util
+
+    path = tmp_path / f"{name}.py"
+    path.write_text(_CHEAT + preamble + f"\n\n@triton.jit\n{def_line}{_SIGNATURE}:\n" + _ZERO_STORE + body)
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+    return module
+
+
+@pytest.mark.parametrize("disguise", sorted(_DISGUISES))
+def test_python_in_a_triton_disguise_is_refused_before_it_runs(tmp_path, disguise):
+    from course_lib.grading import lab02
+
+    preamble, body, message = _DISGUISES[disguise]
+    module = _disguised(tmp_path, f"disguise_{sorted(_DISGUISES).index(disguise)}", preamble, body)
+    try:
+        with pytest.raises(ContractError, match=message):
+            lab02.check_paged_decode_kernel(module.paged_decode_kernel, seed=0, cases=1)
+        assert module.RAN == []
+    finally:
+        tl.__dict__.pop("group_sum", None)
+
+
+@pytest.mark.parametrize("separator", ["\t", "\\\n    ", "\f"])
+def test_a_definition_line_the_interpreter_would_skip_is_refused(tmp_path, separator):
+    """Triton's interpreter runs a kernel from the last line that starts with `def ` (a space): with
+    `def<TAB>name(` the only such line is one hidden in the docstring, which would run unchecked."""
+    from course_lib.grading import lab02
+
+    hidden = (f'    """\ndef paged_decode_kernel{_SIGNATURE}:\n    _cheat()\n' + _ZERO_STORE + '    """\n')
+    module = _disguised(tmp_path, f"def_{ord(separator[0])}", "", hidden, def_line=f"def{separator}paged_decode_kernel")
+    with pytest.raises(ContractError, match="write the kernel's definition `def name"):
+        lab02.check_paged_decode_kernel(module.paged_decode_kernel, seed=0, cases=1)
+    assert module.RAN == []
+
+
+def test_a_function_planted_in_the_interpreters_cache_is_not_what_runs(tmp_path):
+    """InterpretedFunction.rewritten_fn maps a kernel to the Python function the interpreter runs; an
+    entry written there before the launch is dropped, so the checked source is what runs."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from course_lib.grading import lab02
+
+    module = _disguised(tmp_path, "cache_poison", "", "")
+    InterpretedFunction.rewritten_fn[module.paged_decode_kernel.fn] = lambda *a, **k: module._cheat()
+    with pytest.raises(ContractError, match="differs from contiguous attention"):    # the zeros it stores
+        lab02.check_paged_decode_kernel(module.paged_decode_kernel, seed=0, cases=1)
+    assert module.RAN == []
+
+
+def test_a_kernel_that_writes_with_atomics_is_counted_as_storing():
+    from course_lib.grading.tables import Edit
+    from solutions import solution_functions
+
+    kernel = solution_functions("01_roofline", (Edit("gemv_kernel", "tl.store(y_ptr + rows, acc, mask=row_mask)",
+                                                     "tl.store(y_ptr + rows, acc * 0.0, mask=row_mask)\n"
+                                                     "    tl.atomic_add(y_ptr + rows, acc, mask=row_mask)"),)).gemv_kernel
+    W, x = _case()
+    y, report = launcher(kernel, "gemv")(W, x, block_m=4, block_n=16)
+    assert report["error"] is None and report["stored"]["y"] == 2 * 13     # 13 stores, 13 atomic adds
+    assert torch.allclose(y, W @ x, atol=1e-5)

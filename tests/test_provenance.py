@@ -80,12 +80,17 @@ def _reached_per_test(lab: str, namespace: dict) -> dict[str, set[str]]:
         reports = []
 
         def watched(fn):
-            @functools.wraps(fn)
+            if contract.launcher:       # a kernel: watch its launches, as the judge's stand-in launches it
+                from course_lib.kernels.exercise import LAUNCHERS
+                fn = functools.partial(LAUNCHERS[contract.launcher], fn)
+
             def call(*args, **kwargs):
                 with provenance.Observer(spec) as observer:
                     result = fn(*args, **kwargs)
                 reports.append(observer.report())
                 return result
+            if contract.launcher:
+                call.launches = contract.launcher
             return call
 
         contract.checker(*(watched(namespace[name]) for name in contract.functions), seed=0)

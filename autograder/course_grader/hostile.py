@@ -591,6 +591,50 @@ def a_kernel_hidden_def(nb):
         "    # \"\"\"\n")
 
 
+def a_kernel_tab_def(nb):
+    """The real definition written `def<TAB>gemv_kernel(`: the only line that starts with `def ` (a space)
+    is the one in the docstring, so Triton's interpreter would run the docstring's frame walk (the
+    launcher refuses a definition line the interpreter would skip)."""
+    nb.cells[cell_index(nb, "gemv_kernel")].source = (
+        "@triton.jit\n"
+        "def\tgemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n"
+        "    \"\"\"\n"
+        "def gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n"
+        "    import sys\n"
+        + FRAME_WALK +
+        "    \"\"\"\n"
+        "    tl.store(y_ptr + tl.arange(0, 1), tl.zeros((1,), dtype=tl.float32))\n")
+
+
+def a_kernel_dtype_disguise(nb):
+    """A callable subclass of tl.dtype named in the kernel as if it were a dtype constant: called, it
+    runs the frame walk as Python (the launcher accepts constants of Triton's own dtype classes only)."""
+    nb.cells[cell_index(nb, "gemv_kernel")].source = (
+        "import sys\n\n\n"
+        "class _Fast(tl.dtype):\n"
+        "    def __call__(self, w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M, BLOCK_N):\n"
+        + FRAME_WALK.replace("\n    ", "\n        ").replace("    rows", "        rows", 1) +
+        "\n\nACCUMULATE = _Fast('fp32')\n\n\n"
+        "@triton.jit\n"
+        "def gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n"
+        "    ACCUMULATE(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M, BLOCK_N)\n")
+
+
+def a_kernel_cache_poison(nb):
+    """An honest stub as the kernel, and a Python function written into the interpreter's cache of
+    rewritten kernels (``InterpretedFunction.rewritten_fn``) to run in its place (the launcher drops
+    such entries before each launch)."""
+    nb.cells[cell_index(nb, "gemv_kernel")].source = (
+        "import sys\n\n\n"
+        "@triton.jit\n"
+        "def gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n"
+        "    tl.store(y_ptr + tl.arange(0, 1), tl.zeros((1,), dtype=tl.float32))\n\n\n"
+        "def _instead(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M, BLOCK_N):\n"
+        + FRAME_WALK +
+        "\n\nfrom triton.runtime.interpreter import InterpretedFunction\n"
+        "InterpretedFunction.rewritten_fn[gemv_kernel.fn] = _instead\n")
+
+
 def a_kernel_out_of_bounds(nb):
     replace_in(nb, "gemv_kernel", KERNEL_BODY, KERNEL_BODY + "    tl.load(w_ptr + (1 << 40) + tl.arange(0, BLOCK_N))\n")
 
@@ -635,6 +679,9 @@ HOSTILE_L1 = {
     "kernel_frame_walk": a_kernel_frame_walk,
     "kernel_raw_pointer": a_kernel_raw_pointer,
     "kernel_hidden_def": a_kernel_hidden_def,
+    "kernel_tab_def": a_kernel_tab_def,
+    "kernel_dtype_disguise": a_kernel_dtype_disguise,
+    "kernel_cache_poison": a_kernel_cache_poison,
     "builtins_replaced": a_builtins_replaced_l1,
     "gigabyte_output": _in_gemm("    if not getattr(gemm_intensity, 'shouted', False):\n"
                                 "        gemm_intensity.shouted = True\n"

@@ -550,7 +550,8 @@ CONTRACTS = (
              references=("course_lib.roofline.gemm_intensity",)),
     Contract("test_requests_that_fit", check_requests_that_fit, ("requests_that_fit",),
              references=("course_lib.roofline.requests_that_fit",)),
-    Contract("test_gemv_kernel", check_gemv_kernel, ("gemv_kernel",), launcher="gemv"),
+    Contract("test_gemv_kernel", check_gemv_kernel, ("gemv_kernel",), launcher="gemv",
+             references=("course_lib.kernels.gemv.reference_gemv", "course_lib.kernels.gemv.gemv")),
 )
 
 # The notebook's functions call each other (prefill_time and decode_step_bound call

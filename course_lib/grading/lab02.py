@@ -859,7 +859,12 @@ CONTRACTS = (
     Contract("test_online_softmax", check_online_softmax, ("online_softmax_update",),
              references=("course_lib.models.online_softmax.online_softmax_update",
                          "course_lib.models.online_softmax.online_attention")),
-    Contract("test_paged_decode_kernel", check_paged_decode_kernel, ("paged_decode_kernel",), launcher="paged_decode"),
+    Contract("test_paged_decode_kernel", check_paged_decode_kernel, ("paged_decode_kernel",), launcher="paged_decode",
+             references=("course_lib.kernels.paged_attention.reference_paged_decode_attention",
+                         "course_lib.kernels.paged_attention.paged_decode_attention_unchecked",
+                         "course_lib.kernels.paged_attention.paged_decode_attention",
+                         "course_lib.kernels.paged_attention.paged_decode_kernel_unchecked",
+                         "course_lib.kernels.paged_attention.gather_blocks")),
 )
 
 _NEXT_POSITION = "position = torch.tensor([cache.length])"

@@ -900,7 +900,8 @@ CONTRACTS = (
              references=("course_lib.quant.perplexity.perplexity", "course_lib.quant.perplexity.window_nll")),
     Contract("test_smoothquant_scales", check_smoothquant_scales, ("smoothquant_scales",),
              references=("course_lib.quant.smoothquant.smoothing_scales",)),
-    Contract("test_w4a16_kernel", check_w4a16_kernel, ("w4a16_kernel",), launcher="w4a16"),
+    Contract("test_w4a16_kernel", check_w4a16_kernel, ("w4a16_kernel",), launcher="w4a16",
+             references=("course_lib.kernels.w4a16.reference_w4a16", "course_lib.kernels.w4a16.w4a16_matmul")),
 )
 
 FAULTS = (

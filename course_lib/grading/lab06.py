@@ -497,7 +497,10 @@ CONTRACTS = (
     Contract("test_invariant_linear", check_invariant_linear, ("invariant_linear",),
              references=("course_lib.kernels.batch_invariant.torch_ops.linear",
                          "course_lib.kernels.batch_invariant.triton_ops.matmul")),
-    Contract("test_rms_norm_kernel", check_rms_norm_kernel, ("rms_norm_kernel",), launcher="rms_norm"),
+    Contract("test_rms_norm_kernel", check_rms_norm_kernel, ("rms_norm_kernel",), launcher="rms_norm",
+             references=("course_lib.kernels.batch_invariant.triton_ops.reference_rms_norm",
+                         "course_lib.kernels.batch_invariant.triton_ops.rms_norm",
+                         "course_lib.kernels.batch_invariant.torch_ops.rms_norm")),
 )
 
 FAULTS = (

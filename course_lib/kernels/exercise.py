@@ -198,21 +198,69 @@ def _value_attributes() -> frozenset[str]:
     return frozenset((names | {"dtype", "shape", "element_ty", "numel", "value", "primitive_bitwidth"}) - {"handle"})
 
 
-def _language_object(obj) -> bool:
-    """Whether OBJ, reached as an attribute of triton or triton.language, is part of the language: a
-    triton.language module, or something defined in triton (a function, a dtype, a constexpr)."""
-    if inspect.ismodule(obj):
-        return obj.__name__ == "triton" or obj.__name__.startswith("triton.language")
-    module = getattr(type(obj), "__module__", "") if not callable(obj) else getattr(obj, "__module__", "")
-    return str(module or "").startswith("triton")
+def _language_snapshot() -> dict[str, tuple]:
+    """The modules ``triton`` and ``triton.language.*`` as they are now: name -> (module, its namespace
+    copied). Taken when this module is imported, before any learner code can have changed them."""
+    import sys
+    from types import ModuleType
+
+    return {name: (module, dict(vars(module))) for name, module in list(sys.modules.items())
+            if (name == "triton" or name.startswith("triton.language")) and isinstance(module, ModuleType)}
+
+
+def _language_module(value) -> bool:
+    """Whether VALUE is the module triton or a triton.language module itself (by identity)."""
+    return any(value is module for module, _ in _LANGUAGE.values())
+
+
+def _language_member(module, attr: str, obj) -> bool:
+    """Whether OBJ is what MODULE (a language module) held under ATTR when this module was imported: a
+    name planted in triton.language later, or a function whose ``__module__`` claims triton, is not."""
+    recorded = _LANGUAGE.get(getattr(module, "__name__", None))
+    if recorded is None or recorded[0] is not module or recorded[1].get(attr, _MISSING) is not obj:
+        return False
+    if inspect.ismodule(obj):           # tl.core.inspect is a member too: only language modules count
+        return _language_module(obj)
+    defined_in = getattr(obj, "__module__", "") if callable(obj) else getattr(type(obj), "__module__", "")
+    return str(defined_in or "").startswith("triton")      # not functools.wraps, imported by tl.core
+
+
+def _language_value(obj) -> bool:
+    """Whether OBJ is one of the language modules' own members (``tl.sum``, ``tl.float32``), by identity."""
+    return id(obj) in _LANGUAGE_IDS
 
 
 def _constant(value) -> bool:
-    """Whether a global VALUE may be named in a kernel as a constant: a number, a string, None, a
-    Triton dtype, or a ``tl.constexpr`` holding one (a constexpr can hold anything, a function too)."""
-    if isinstance(value, tl.constexpr):
+    """Whether a global VALUE may be named in a kernel as a constant: exactly a number, a string, None,
+    a Triton dtype, or a ``tl.constexpr`` holding one (a constexpr can hold anything, a function too).
+    Exact types: a subclass could carry a ``__call__`` or lie about its ``__class__``."""
+    if type(value) is tl.constexpr:
         value = value.value
-    return value is None or type(value) in (int, float, bool, str) or isinstance(value, tl.dtype)
+    return value is None or type(value) in (int, float, bool, str) or type(value) in _DTYPE_TYPES
+
+
+_MISSING = object()
+#: triton and triton.language as they were when this module was imported (the set-up cell imports it before
+#: any kernel runs): what a kernel may name, by identity (``_check_kernel_source``).
+_LANGUAGE: dict[str, tuple] = {} if isinstance(triton, _MissingTriton) else _language_snapshot()
+_LANGUAGE_IDS = frozenset(id(v) for _, namespace in _LANGUAGE.values() for v in namespace.values())
+#: The Python functions behind triton.language's own @jit helpers (keys the interpreter may cache).
+_LANGUAGE_FNS = frozenset(id(v.fn) for _, namespace in _LANGUAGE.values() for v in namespace.values()
+                          if isinstance(getattr(v, "fn", None), FunctionType))
+
+
+def _dtype_classes() -> frozenset:
+    """tl.dtype and its subclasses defined in triton (pointer_type, block_type, ...), as triton defines them."""
+    found, stack = set(), [tl.dtype]
+    while stack:
+        cls = stack.pop()
+        if cls not in found:
+            found.add(cls)
+            stack.extend(cls.__subclasses__())
+    return frozenset(found)
+
+
+_DTYPE_TYPES = frozenset() if isinstance(triton, _MissingTriton) else _dtype_classes()
 
 
 def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
@@ -239,14 +287,19 @@ def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
     # (FunctionRewriter._find_def): another such line, in a docstring, a string or a comment, would be
     # what runs, unchecked.
     defs = [i for i, line in enumerate(lines) if line.strip().startswith("def ")]
-    if len(defs) != 1:
-        raise KernelSourceError(f"{name}, line {fn.__code__.co_firstlineno + (defs[1] if len(defs) > 1 else 0)}: a line of the kernel's source other "
-                        "than its own definition starts with `def ` (in a docstring, a string or a comment). Triton's "
-                        "interpreter reads a kernel from the last such line, so it would run that text instead: "
-                        "reword the line")
     top = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
     if top is None:
         raise KernelSourceError(f"{name}: no function definition in the kernel's source")
+    if len(defs) > 1:
+        raise KernelSourceError(f"{name}, line {fn.__code__.co_firstlineno + defs[1]}: a line of the kernel's source other "
+                                "than its own definition starts with `def ` (in a docstring, a string or a comment). "
+                                "Triton's interpreter reads a kernel from the last such line, so it would run that text "
+                                "instead: reword the line")
+    if defs != [top.lineno - 1]:
+        raise KernelSourceError(f"{name}, line {fn.__code__.co_firstlineno + top.lineno - 1}: write the kernel's definition "
+                                "`def name(...)`, one space after `def`: Triton's interpreter finds a kernel by the last "
+                                "source line that starts that way"
+                                + (f", and here it would run line {fn.__code__.co_firstlineno + defs[-1]} instead" if defs else ""))
     line0 = fn.__code__.co_firstlineno - 1
     local = {a.arg for a in top.args.args + top.args.kwonlyargs + top.args.posonlyargs}
     for node in ast.walk(top):
@@ -265,7 +318,7 @@ def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
             if node.id in local or node.id not in fn.__globals__:
                 return None
             value = fn.__globals__[node.id]
-            if inspect.ismodule(value) and not _language_object(value):
+            if inspect.ismodule(value) and not _language_module(value):
                 refuse(node, f"`{node.id}` is the module {value.__name__}, not triton.language")
             return value
         if isinstance(node, ast.Attribute):
@@ -275,8 +328,9 @@ def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
             if node.attr.startswith("_") or not hasattr(base, node.attr):
                 refuse(node, f"{ast.unparse(node)} is not part of triton.language")
             obj = getattr(base, node.attr)
-            if not _language_object(obj):
-                refuse(node, f"{ast.unparse(node)} is not part of triton.language")
+            if not _language_member(base, node.attr, obj):
+                refuse(node, f"{ast.unparse(node)} is not part of triton.language (it was not there, or not "
+                             "this, when triton was imported)")
             return obj
         return None
 
@@ -287,9 +341,9 @@ def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
             if node.id in fn.__globals__:
                 value = fn.__globals__[node.id]
                 if is_triton_kernel(value):
-                    if not str(getattr(value.fn, "__module__", "")).startswith("triton"):
+                    if not _language_value(value):
                         _check_kernel_source(value, f"{name} -> {node.id}", seen)
-                elif not (inspect.ismodule(value) and _language_object(value)) and not _constant(value):
+                elif not _language_module(value) and not _constant(value):
                     refuse(node, f"`{node.id}` is {type(value).__module__}.{type(value).__qualname__}, not a "
                                  "constant (a number, a string, a Triton dtype, or tl.constexpr of one)")
             elif node.id not in KERNEL_BUILTINS:
@@ -425,7 +479,7 @@ class _Trace:
                 inside &= region.index(active + (width - region.itemsize))[0]
             hits = int(inside.sum())
             if hits:
-                counts = self.counts[op]
+                counts = self.counts["store" if op == "atomic" else op]      # an atomic writes
                 counts[region.name] = counts.get(region.name, 0) + hits
             claimed |= inside
         if claimed.all():
@@ -498,6 +552,18 @@ class _Trace:
                 builder.create_atomic_rmw, builder.create_atomic_cas = rmw, cas
 
 
+def _forget_rewritten() -> None:
+    """Drop from the interpreter's cache (``InterpretedFunction.rewritten_fn``: function -> the Python
+    function it runs) every entry but triton.language's own, so the launch rewrites the learner's kernel
+    and helpers from the source ``_check_kernel_source`` read, not from an entry planted in the cache."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    cache = getattr(InterpretedFunction, "rewritten_fn", None)
+    if isinstance(cache, dict):
+        for fn in [f for f in cache if id(f) not in _LANGUAGE_FNS]:
+            cache.pop(fn, None)
+
+
 def _launch(kernel, name: str, interpreted: bool, grid: tuple[int, ...], args: Sequence,
             constexprs: Mapping[str, int], inputs: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
             outputs: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> dict:
@@ -511,6 +577,7 @@ def _launch(kernel, name: str, interpreted: bool, grid: tuple[int, ...], args: S
                     "error": None, "compiled": None, "compile_error": None}
     try:
         if interpreted:
+            _forget_rewritten()
             with trace:
                 report["traced"] = trace.active
                 kernel[grid](*args, **constexprs)
@@ -575,7 +642,6 @@ def _set_language_state(state: dict) -> None:
                     setattr(target, name, value)
 
 
-_MISSING = object()
 #: triton.language as this module found it (no launch has run yet: the set-up cell imports it first).
 _PRISTINE_LANGUAGE = None if isinstance(triton, _MissingTriton) else _language_state()
 
@@ -608,9 +674,9 @@ def _swap_in_compiled(fn, swapped: list, seen: set) -> None:
 def _gpu_compile(kernel, args: Sequence, constexprs: Mapping[str, int]) -> tuple[bool | None, str | None]:
     """Compile KERNEL for ``COMPILE_TARGET`` with the types of this launch's ARGS (Triton's
     ``mangle_type``) and its CONSTEXPRS: (True, None) when it compiles; (False, the compiler's message)
-    when the compiler refuses it (a ``CompilationError``: the kernel would not build on a GPU);
-    (None, None) when anything else stops the compile (no ptxas, an unwritable cache), which says
-    nothing about the kernel. Cached per kernel source, argument types and constexprs."""
+    when the compiler refuses it (a ``CompilationError``, or any error once ``_compile_canary`` has
+    compiled: the kernel would not build on a GPU); (None, None) when the canary itself does not
+    compile (no ptxas, an unwritable cache), which says nothing about the kernel. Cached per kernel source, argument types and constexprs."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.compiler.errors import CompilationError
@@ -649,8 +715,8 @@ def _gpu_compile(kernel, args: Sequence, constexprs: Mapping[str, int]) -> tuple
         compile_for_gpu(fn, signature, constexprs)
     except CompilationError as exc:
         verdict = (False, _message(exc).strip()[-1500:])
-    except Exception:       # the compiler failed on its own: no verdict on the kernel
-        return None, None
+    except Exception as exc:    # the canary compiled, so the compiler works here: the kernel is what it refused
+        verdict = (False, f"{type(exc).__name__}: {_message(exc)}".strip()[-1500:])
     _COMPILED[key] = verdict
     return verdict
 
