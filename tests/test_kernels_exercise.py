@@ -591,6 +591,19 @@ _DISGUISES = {
                                                 "    LIAR()\n", "not a\\s+constant"),
     "a name planted in triton.language": ("_cheat.__module__ = 'triton.language.standard'\ntl.group_sum = _cheat\n",
                                           "    tl.group_sum(d)\n", "not part of triton.language"),
+    "the interpreter's name for assignments, defined in the kernel's module": (
+        "from triton.runtime import interpreter as _ti\n"
+        "class _Semantic:\n    def __getattr__(self, n):\n        return getattr(_ti.interpreter_semantic, n)\n"
+        "    def to_tensor(self, value, check):\n        _cheat()\n        return _ti.interpreter_semantic.to_tensor(value, check)\n"
+        "interpreter_semantic = _Semantic()\n", "    done = 1\n", "interpreter's name"),
+    "the interpreter's name for chained comparisons, defined in the kernel's module": (
+        "from triton.runtime import interpreter as _ti\n"
+        "class _InterpreterComparison(_ti._InterpreterComparison):\n"
+        "    def get_result(self):\n        _cheat()\n        return super().get_result()\n",
+        "    ok = 0 <= HEAD_DIM < 100000\n", "interpreter's name"),
+    "__builtins__ replaced in the kernel's module": (
+        "import builtins as _b\n__builtins__ = dict(vars(_b), range=lambda *a: (_cheat(), _b.range(*a))[1])\n",
+        "    for k in range(0, 1):\n        d += 0\n", "`__builtins__` was replaced"),
     "a @triton.jit helper that claims to be triton's": (
         "@triton.jit\ndef _helper(x):\n    import sys\n    return x\n_helper.fn.__module__ = 'triton.language.standard'\n",
         "    _helper(d)\n", "an import"),
@@ -669,3 +682,14 @@ def test_a_kernel_that_writes_with_atomics_is_counted_as_storing():
     y, report = launcher(kernel, "gemv")(W, x, block_m=4, block_n=16)
     assert report["error"] is None and report["stored"]["y"] == 2 * 13     # 13 stores, 13 atomic adds
     assert torch.allclose(y, W @ x, atol=1e-5)
+
+
+def test_a_builtin_replaced_for_the_whole_process_is_refused(monkeypatch):
+    import builtins
+
+    from course_lib.grading import lab02
+
+    real_abs = builtins.abs
+    monkeypatch.setattr(builtins, "abs", lambda x: real_abs(x))
+    with pytest.raises(ContractError, match="the builtins abs were replaced"):
+        lab02.check_paged_decode_kernel(_paged_solution(), seed=0, cases=1)

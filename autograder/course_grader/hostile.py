@@ -635,6 +635,54 @@ def a_kernel_cache_poison(nb):
         "InterpretedFunction.rewritten_fn[gemv_kernel.fn] = _instead\n")
 
 
+def a_kernel_interpreter_name(nb):
+    """A global named `interpreter_semantic` in the kernel's cell: Triton's interpreter rewrites every
+    assignment of a kernel into a call of that name and runs the rewrite in the kernel's globals, so the
+    planted object runs the frame walk at the kernel's first assignment (the launcher refuses such a global)."""
+    nb.cells[cell_index(nb, "gemv_kernel")].source = (
+        "import sys\n"
+        "from triton.runtime import interpreter as _interpreter\n\n\n"
+        "class _Semantic:\n"
+        "    def __getattr__(self, name):\n"
+        "        return getattr(_interpreter.interpreter_semantic, name)\n\n"
+        "    def to_tensor(self, value, check):\n"
+        "        frame = sys._getframe(1)\n"
+        "        while frame is not None and 'y_view' not in frame.f_locals:\n"
+        "            frame = frame.f_back\n"
+        "        if frame is not None:\n"
+        "            found = frame.f_locals\n"
+        "            found['y_view'].copy_(found['W'].float() @ found['x'].float())\n"
+        "        return _interpreter.interpreter_semantic.to_tensor(value, check)\n\n\n"
+        "interpreter_semantic = _Semantic()\n\n\n"
+        "@triton.jit\n"
+        "def gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n"
+        "    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n"
+        "    tl.store(y_ptr + rows, tl.zeros((BLOCK_M,), dtype=tl.float32), mask=rows < M)\n"
+        "    done = 1\n")
+
+
+def a_kernel_builtins(nb):
+    """`__builtins__` replaced in the notebook's namespace by a copy whose `range` runs the frame walk:
+    the interpreter runs the kernel in that namespace (the launcher refuses builtins that are not Python's)."""
+    nb.cells[cell_index(nb, "gemv_kernel")].source = (
+        "import builtins\nimport sys\n\n\n"
+        "def _range(*args):\n"
+        "    frame = sys._getframe(1)\n"
+        "    while frame is not None and 'y_view' not in frame.f_locals:\n"
+        "        frame = frame.f_back\n"
+        "    if frame is not None:\n"
+        "        found = frame.f_locals\n"
+        "        found['y_view'].copy_(found['W'].float() @ found['x'].float())\n"
+        "    return builtins.range(*args)\n\n\n"
+        "__builtins__ = dict(vars(builtins), range=_range)\n\n\n"
+        "@triton.jit\n"
+        "def gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n"
+        "    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n"
+        "    tl.store(y_ptr + rows, tl.zeros((BLOCK_M,), dtype=tl.float32), mask=rows < M)\n"
+        "    for k in range(0, 1):\n"
+        "        rows += 0\n")
+
+
 def a_kernel_out_of_bounds(nb):
     replace_in(nb, "gemv_kernel", KERNEL_BODY, KERNEL_BODY + "    tl.load(w_ptr + (1 << 40) + tl.arange(0, BLOCK_N))\n")
 
@@ -682,6 +730,8 @@ HOSTILE_L1 = {
     "kernel_tab_def": a_kernel_tab_def,
     "kernel_dtype_disguise": a_kernel_dtype_disguise,
     "kernel_cache_poison": a_kernel_cache_poison,
+    "kernel_interpreter_name": a_kernel_interpreter_name,
+    "kernel_builtins": a_kernel_builtins,
     "builtins_replaced": a_builtins_replaced_l1,
     "gigabyte_output": _in_gemm("    if not getattr(gemm_intensity, 'shouted', False):\n"
                                 "        gemm_intensity.shouted = True\n"

@@ -46,6 +46,7 @@ are traced; ``docs/kernels.md`` describes the exercises.
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 import inspect
 import math
@@ -263,6 +264,50 @@ def _dtype_classes() -> frozenset:
 _DTYPE_TYPES = frozenset() if isinstance(triton, _MissingTriton) else _dtype_classes()
 
 
+#: The builtins a kernel may name, as they were when this module was imported.
+_BUILTINS = {n: getattr(builtins, n) for n in KERNEL_BUILTINS}
+
+
+def _check_run_namespace(fn, name: str, def_lines: Sequence[str]) -> None:
+    """Refuse a kernel whose globals would change what its checked source does when the interpreter runs
+    it. The interpreter does not run ``fn``: it rewrites the source (from the definition line on) and
+    runs the result in ``fn.__globals__``, where the rewrite's own names (``interpreter_semantic`` for
+    every assignment, ``_InterpreterComparison`` for a chained comparison: found by rewriting this very
+    source) and the builtins are looked up at run time. Each must be the interpreter's or Python's own
+    object; the globals a plain dict.
+
+    Raises:
+        KernelSourceError: naming the global that is not what the interpreter expects.
+    """
+    from triton.runtime import interpreter
+
+    namespace = fn.__globals__
+    if type(namespace) is not dict:
+        raise KernelSourceError(f"{name}: the kernel's globals are a {type(namespace).__qualname__}, not a plain dict "
+                                "(define the kernel in a notebook cell or a module)")
+    if namespace.get("__builtins__", builtins) not in (builtins, vars(builtins)):
+        raise KernelSourceError(f"{name}: `__builtins__` was replaced in the kernel's module; the kernel's builtins "
+                                "must be Python's own")
+    changed = sorted(n for n, obj in _BUILTINS.items() if getattr(builtins, n, _MISSING) is not obj)
+    if changed:
+        raise KernelSourceError(f"{name}: the builtins {', '.join(changed)} were replaced; a kernel's builtins must be "
+                                "Python's own")
+    transformer = getattr(getattr(interpreter, "FunctionRewriter", None), "ast_transformer", None)
+    if transformer is None:
+        return
+    original = ast.parse(textwrap.dedent("".join(def_lines)))
+    before = {n.id for n in ast.walk(original) if isinstance(n, ast.Name)}
+    rewritten = transformer.visit(ast.parse(textwrap.dedent("".join(def_lines))))
+    bound = {a.arg for n in ast.walk(rewritten) if isinstance(n, ast.Lambda) for a in n.args.args}
+    inserted = {n.id for n in ast.walk(rewritten) if isinstance(n, ast.Name)} - before - bound
+    for inserted_name in sorted(inserted):
+        own = getattr(interpreter, inserted_name, _MISSING)
+        if inserted_name in namespace and namespace[inserted_name] is not own:
+            raise KernelSourceError(f"{name}: the global `{inserted_name}` is the interpreter's name for what it runs "
+                                    "in place of your kernel's assignments and comparisons; it must not be "
+                                    "defined in the kernel's module")
+
+
 def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
     """Refuse a kernel whose body uses what Triton's compiler would refuse (module docstring): only its
     arguments and locals, triton / triton.language, constants, other ``@triton.jit`` functions and
@@ -305,6 +350,7 @@ def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
     for node in ast.walk(top):
         if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
             local.add(node.id)
+    _check_run_namespace(fn, name, lines[defs[0]:])
     value_attributes = _value_attributes()
 
     def refuse(node, what: str):
