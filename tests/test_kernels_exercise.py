@@ -693,3 +693,16 @@ def test_a_builtin_replaced_for_the_whole_process_is_refused(monkeypatch):
     monkeypatch.setattr(builtins, "abs", lambda x: real_abs(x))
     with pytest.raises(ContractError, match="the builtins abs were replaced"):
         lab02.check_paged_decode_kernel(_paged_solution(), seed=0, cases=1)
+
+
+def test_the_functions_that_read_a_kernels_source_must_be_pythons_own(monkeypatch):
+    """A linecache.getlines that answered the rule with one source and the interpreter with another would
+    run unchecked text."""
+    import linecache
+
+    from course_lib.grading import lab02
+
+    real = linecache.getlines
+    monkeypatch.setattr(linecache, "getlines", lambda *a, **k: real(*a, **k))
+    with pytest.raises(ContractError, match="linecache.getlines were replaced"):
+        lab02.check_paged_decode_kernel(_paged_solution(), seed=0, cases=1)

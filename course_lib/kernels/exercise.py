@@ -268,6 +268,24 @@ _DTYPE_TYPES = frozenset() if isinstance(triton, _MissingTriton) else _dtype_cla
 _BUILTINS = {n: getattr(builtins, n) for n in KERNEL_BUILTINS}
 
 
+def _machinery() -> dict[tuple[str, str], object]:
+    """What reads, parses and compiles a kernel's source, for the rule and for the interpreter alike
+    (``inspect.getsourcelines`` through ``linecache``, ``ast.parse``, ``compile`` and ``exec``): a
+    replacement could show the rule one source and the interpreter another."""
+    import linecache  # noqa: F401 (imported so that sys.modules holds it)
+    import sys
+
+    return {(module, attr): getattr(sys.modules[module], attr)
+            for module, attrs in (("inspect", ("getsourcelines", "findsource", "getsourcefile", "getfile", "getblock",
+                                               "getsource", "unwrap")),
+                                  ("linecache", ("getlines", "getline", "updatecache", "checkcache")),
+                                  ("ast", ("parse",)), ("textwrap", ("dedent",)), ("builtins", ("compile", "exec")))
+            for attr in attrs if hasattr(sys.modules[module], attr)}
+
+
+_MACHINERY = _machinery()
+
+
 def _check_run_namespace(fn, name: str, def_lines: Sequence[str]) -> None:
     """Refuse a kernel whose globals would change what its checked source does when the interpreter runs
     it. The interpreter does not run ``fn``: it rewrites the source (from the definition line on) and
@@ -288,6 +306,13 @@ def _check_run_namespace(fn, name: str, def_lines: Sequence[str]) -> None:
     if namespace.get("__builtins__", builtins) not in (builtins, vars(builtins)):
         raise KernelSourceError(f"{name}: `__builtins__` was replaced in the kernel's module; the kernel's builtins "
                                 "must be Python's own")
+    import sys
+
+    replaced = sorted(f"{m}.{a}" for (m, a), obj in _MACHINERY.items() if getattr(sys.modules.get(m), a, _MISSING) is not obj)
+    if replaced:
+        raise KernelSourceError(f"{name}: {', '.join(replaced)} were replaced; the functions that read, parse and compile "
+                                "a kernel's source must be Python's own (a replacement could show this check one "
+                                "source and the interpreter another)")
     changed = sorted(n for n, obj in _BUILTINS.items() if getattr(builtins, n, _MISSING) is not obj)
     if changed:
         raise KernelSourceError(f"{name}: the builtins {', '.join(changed)} were replaced; a kernel's builtins must be "
