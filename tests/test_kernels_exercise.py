@@ -71,7 +71,7 @@ try:
 
     @triton.jit
     def atomic_past_x(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-        tl.atomic_add(x_ptr + N + 256 + tl.arange(0, BLOCK_N), 1.0)
+        tl.atomic_add(x_ptr + (1 << 30) + tl.arange(0, BLOCK_N), 1.0)      # far from every buffer
 
     @triton.jit
     def wide_read(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -324,7 +324,8 @@ def test_masked_lanes_without_other_read_nan_as_a_gpu_would_read_garbage():
 def test_atomics_and_wide_accesses_are_traced_too():
     W, x = _case(m=4, n=16)
     _, report = launcher(atomic_past_x, "gemv")(W, x, block_m=4, block_n=16)
-    assert report["violation"]["op"] == "atomic" and report["violation"]["tensor"] == "x"
+    # 2^30 elements past x: which buffer is nearest depends on where the allocator put them
+    assert report["violation"]["op"] == "atomic" and report["violation"]["lanes"] == 16
     _, report = launcher(wide_read, "gemv")(W, x, block_m=4, block_n=16)
     assert report["violation"] == {**report["violation"], "op": "load", "tensor": "x", "index": [15]}
 
@@ -540,7 +541,7 @@ def test_a_compiler_that_cannot_run_here_gives_no_verdict(monkeypatch):
     import course_lib.kernels.exercise as exercise
 
     monkeypatch.setattr(exercise, "_COMPILED", {})
-    monkeypatch.setattr(exercise.triton, "compile", lambda *a, **k: (_ for _ in ()).throw(OSError("no ptxas")))
+    monkeypatch.setattr(exercise, "COMPILE_TARGET", ("no-such-backend", 0, 0))      # the canary cannot compile
     kernel = _paged_solution(("l = 0.0", "l = 0"))
     *_, report = launcher(kernel, "paged_decode")(*_paged_case())
     assert report["compiled"] is None and report["compile_error"] is None
@@ -706,3 +707,50 @@ def test_the_functions_that_read_a_kernels_source_must_be_pythons_own(monkeypatc
     monkeypatch.setattr(linecache, "getlines", lambda *a, **k: real(*a, **k))
     with pytest.raises(ContractError, match="linecache.getlines were replaced"):
         lab02.check_paged_decode_kernel(_paged_solution(), seed=0, cases=1)
+
+
+# -- a @triton.jit object or function changed after the decorator (tests/kernel_attacks/) -----------
+_ATTACKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_attacks")
+
+
+def _attack(name: str):
+    """tests/kernel_attacks/NAME.py imported with the interpreter on; its gemv_kernel."""
+    import importlib.util
+
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        spec = importlib.util.spec_from_file_location(f"kernel_attack_{name}", os.path.join(_ATTACKS, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+    return module.gemv_kernel
+
+
+@pytest.mark.parametrize("name, message", [
+    ("pre_run_hook", "changed after the decorator"), ("run_replaced", "changed after the decorator"),
+    ("fn_swapped", "changed after the decorator"), ("annotation_object", "annotation of 'M' is not tl.constexpr"),
+    ("renamed_function", "not exactly @triton.jit"), ("decorator_hook", "not exactly @triton.jit"),
+    ("default_argument", "default value"),
+    ("executor_patched", "hold NaN"),       # Triton's classes are restored before the launch: the copy of y runs
+])
+def test_a_kernel_object_changed_after_the_decorator_scores_nothing(name, message):
+    """Each of these scored full marks through the grader before the launcher checked the object and
+    launched a fresh one from the checked function, with Triton's runtime as imported."""
+    from triton.runtime import interpreter
+
+    executor_call = interpreter.GridExecutor.__call__
+    try:
+        with pytest.raises(ContractError, match=message):
+            lab01.check_gemv_kernel(_attack(name), seed=0, cases=2)
+    finally:
+        interpreter.GridExecutor.__call__ = executor_call
+
+
+@pytest.mark.parametrize("name", ["honest_helpers", "honest_reduce"])
+def test_honest_kernels_written_other_ways_pass(name):
+    lab01.check_gemv_kernel(_attack(name), seed=0, cases=4)

@@ -683,6 +683,19 @@ def a_kernel_builtins(nb):
         "        rows += 0\n")
 
 
+def a_kernel_pre_run_hook(nb):
+    """A kernel that only copies y onto itself, and a pre-run hook added to its @triton.jit object that
+    writes W @ x into y before the grid runs (the launcher refuses a changed object and launches a fresh one)."""
+    nb.cells[cell_index(nb, "gemv_kernel")].source = (
+        "@triton.jit\n"
+        "def gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n"
+        "    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n"
+        "    tl.store(y_ptr + rows, tl.load(y_ptr + rows, mask=rows < M, other=0.0), mask=rows < M)\n\n\n"
+        "def _answer(W, x, y, *rest, **kwargs):\n"
+        "    y.copy_(W.float() @ x.float())\n\n\n"
+        "gemv_kernel.add_pre_run_hook(_answer)\n")
+
+
 def a_kernel_out_of_bounds(nb):
     replace_in(nb, "gemv_kernel", KERNEL_BODY, KERNEL_BODY + "    tl.load(w_ptr + (1 << 40) + tl.arange(0, BLOCK_N))\n")
 
@@ -732,6 +745,7 @@ HOSTILE_L1 = {
     "kernel_cache_poison": a_kernel_cache_poison,
     "kernel_interpreter_name": a_kernel_interpreter_name,
     "kernel_builtins": a_kernel_builtins,
+    "kernel_pre_run_hook": a_kernel_pre_run_hook,
     "builtins_replaced": a_builtins_replaced_l1,
     "gigabyte_output": _in_gemm("    if not getattr(gemm_intensity, 'shouted', False):\n"
                                 "        gemm_intensity.shouted = True\n"

@@ -243,6 +243,9 @@ def _constant(value) -> bool:
 _MISSING = object()
 #: triton and triton.language as they were when this module was imported (the set-up cell imports it before
 #: any kernel runs): what a kernel may name, by identity (``_check_kernel_source``).
+if not isinstance(triton, _MissingTriton):      # loaded now, so that the snapshots below hold them as imported
+    import triton.runtime.interpreter  # noqa: F401
+    import triton.runtime.jit  # noqa: F401
 _LANGUAGE: dict[str, tuple] = {} if isinstance(triton, _MissingTriton) else _language_snapshot()
 _LANGUAGE_IDS = frozenset(id(v) for _, namespace in _LANGUAGE.values() for v in namespace.values())
 #: The Python functions behind triton.language's own @jit helpers (keys the interpreter may cache).
@@ -333,6 +336,47 @@ def _check_run_namespace(fn, name: str, def_lines: Sequence[str]) -> None:
                                     "defined in the kernel's module")
 
 
+def _check_kernel_object(kernel, fn, top: ast.FunctionDef, name: str, line0: int) -> None:
+    """Refuse a ``@triton.jit`` object, or its function, changed after the decorator made it: what the
+    interpreter runs is the object (its ``run``, ``rewrite``, ``rewriter``, pre-run hooks, keyword
+    arguments) and the function's name, defaults and annotations, none of which is in the body the
+    rule reads. Also refuse decorators other than ``@triton.jit`` (they run in the cell's scope) and
+    defaults (the kernel's arguments all come from the launcher).
+
+    Raises:
+        KernelSourceError: naming what was changed.
+    """
+    def refuse(what: str, line: int = top.lineno):
+        raise KernelSourceError(f"{name}, line {line0 + line}: {what}; a kernel is a function decorated with "
+                                "@triton.jit and nothing else, left as the decorator made it")
+
+    decorators = [ast.unparse(d) for d in top.decorator_list]     # none: triton.jit(fn) called by hand
+    if decorators and (decorators != ["triton.jit"] or not _language_module(fn.__globals__.get("triton"))):
+        refuse(f"its decorators are {decorators}, not exactly @triton.jit", top.decorator_list[0].lineno)
+    if vars(fn):
+        refuse(f"attributes were set on the function ({', '.join(sorted(vars(fn)))[:200]})")
+    if fn.__name__ != top.name or fn.__qualname__.split(".")[-1] != top.name:
+        refuse(f"the function is named {fn.__name__!r} but defined as {top.name!r}")
+    if fn.__defaults__ or fn.__kwdefaults__ or top.args.defaults or top.args.kw_defaults or top.args.vararg \
+            or top.args.kwarg:
+        refuse("a parameter has a default value, or the signature has *args or **kwargs (the launcher passes "
+               "every argument)")
+    for arg, annotation in fn.__annotations__.items():
+        if annotation is not tl.constexpr and type(annotation) is not str:
+            refuse(f"the annotation of {arg!r} is not tl.constexpr")
+    if type(kernel).__name__ == "InterpretedFunction":
+        from triton.runtime.interpreter import FunctionRewriter, InterpretedFunction
+
+        fresh = InterpretedFunction(fn)
+        if set(vars(kernel)) != set(vars(fresh)) or type(kernel.rewriter) is not FunctionRewriter \
+                or kernel.rewriter.fn is not fn or set(vars(kernel.rewriter)) - {"filename", "def_file_lineno", "def_lineno"} \
+                != set(vars(fresh.rewriter)) - {"filename", "def_file_lineno", "def_lineno"} \
+                or any(v is not None for v in (*kernel.kwargs.values(), *kernel.rewriter.kwargs.values())) \
+                or kernel.pre_run_hooks or kernel.arg_names != fresh.arg_names:       # @triton.jit passes kwargs=None
+            refuse("the @triton.jit object was changed after the decorator made it (an attribute set on it, its "
+                   "function or rewriter swapped, a pre-run hook or keyword arguments added)")
+
+
 def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
     """Refuse a kernel whose body uses what Triton's compiler would refuse (module docstring): only its
     arguments and locals, triton / triton.language, constants, other ``@triton.jit`` functions and
@@ -371,8 +415,10 @@ def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
                                 "source line that starts that way"
                                 + (f", and here it would run line {fn.__code__.co_firstlineno + defs[-1]} instead" if defs else ""))
     line0 = fn.__code__.co_firstlineno - 1
+    _check_kernel_object(kernel, fn, top, name, line0)
     local = {a.arg for a in top.args.args + top.args.kwonlyargs + top.args.posonlyargs}
-    for node in ast.walk(top):
+    body = [node for statement in top.body for node in ast.walk(statement)]      # what runs at launch
+    for node in body:
         if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
             local.add(node.id)
     _check_run_namespace(fn, name, lines[defs[0]:])
@@ -405,8 +451,8 @@ def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
             return obj
         return None
 
-    for node in ast.walk(top):
-        if node is not top and type(node) in _REFUSED_NODES:
+    for node in body:
+        if type(node) in _REFUSED_NODES:
             refuse(node, f"{_REFUSED_NODES[type(node)]}")
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in local:
             if node.id in fn.__globals__:
@@ -646,14 +692,24 @@ def _launch(kernel, name: str, interpreted: bool, grid: tuple[int, ...], args: S
     report: dict = {"kernel": name, "mode": "interpreter" if interpreted else "compiled", "traced": False,
                     "grid": list(grid), "loaded": {}, "stored": {}, "violation": None, "guard_writes": [],
                     "error": None, "compiled": None, "compile_error": None}
+    params = list(inspect.signature(kernel.fn).parameters)
+    if len(params) != len(args) + len(constexprs) or set(params[len(args):]) != set(constexprs):
+        report["error"] = (f"TypeError: the kernel's parameters are ({', '.join(params)}); the exercise launches it with "
+                           f"{len(args)} arguments then the constexprs {', '.join(constexprs)}: keep the signature the "
+                           "notebook gives")[:1500]
+        return report
     try:
         if interpreted:
+            # Triton as imported (nothing planted in its language, interpreter or JIT since), the interpreter's
+            # cache without learner entries, and a @triton.jit object made here from the checked function.
+            _set_language_state(_PRISTINE_LANGUAGE)
             _forget_rewritten()
+            runner = type(kernel)(kernel.fn)
             with trace:
                 report["traced"] = trace.active
-                kernel[grid](*args, **constexprs)
+                runner[grid](*args, **constexprs)
         else:
-            kernel[grid](*args, **constexprs)
+            type(kernel)(kernel.fn)[grid](*args, **constexprs)
             torch.cuda.synchronize()
     except (Exception, SystemExit) as exc:       # the kernel's own exception is the report's error
         if trace.violation is None:
@@ -676,24 +732,33 @@ _COMPILED: dict[tuple, tuple[bool, str | None]] = {}   # (code, globals, signatu
 
 
 def _language_state() -> dict:
-    """A snapshot of what an interpreted launch can leave changed in triton.language: the namespaces of
-    its modules and the attributes of its tensor and dtype classes. (Triton's interpreter patches them
-    for a launch; a ``@triton.jit`` helper called inside one, ``tl.sum`` say, patches ``tl.core`` again
-    and never restores it, which the compiler then trips on.)"""
+    """A snapshot of triton.language and of Triton's interpreter and JIT (``triton.runtime.interpreter``,
+    ``triton.runtime.jit``): their modules' namespaces and the attributes of the classes they define.
+    An interpreted launch leaves triton.language changed (the interpreter patches it for a launch; a
+    ``@triton.jit`` helper called inside one, ``tl.sum`` say, patches ``tl.core`` again and never
+    restores it, which the compiler then trips on), and notebook code could change any of them."""
     import sys
     from types import ModuleType
 
-    state: dict = {name: dict(vars(module)) for name, module in list(sys.modules.items())
-                   if name.startswith("triton.language") and isinstance(module, ModuleType)}
-    for cls in (tl.tensor, tl.dtype, getattr(tl.core, "condition", None), getattr(tl.core, "tensor_descriptor_base", None)):
-        if cls is not None:
-            state[cls] = dict(vars(cls))
+    modules = {name: module for name, module in list(sys.modules.items()) if isinstance(module, ModuleType) and
+               (name in ("triton", "triton.runtime.interpreter", "triton.runtime.jit") or name.startswith("triton.language"))}
+    state: dict = {name: dict(vars(module)) for name, module in modules.items()}
+    for name, module in modules.items():
+        for cls in list(vars(module).values()):
+            if isinstance(cls, type) and cls.__module__ == name:
+                state[cls] = dict(vars(cls))
     return state
 
 
 def _set_language_state(state: dict) -> None:
-    """Make triton.language what STATE (``_language_state``) recorded: changed names set back, added ones removed."""
+    """Make the modules and classes STATE (``_language_state``) recorded what it recorded: changed names
+    set back, added ones removed, except in a module the names of the interpreter's own globals, which
+    it copies into the namespace of every function it rewrites (``FunctionRewriter._compile_and_exec``;
+    its cached rewrites of triton.language's helpers use them): those are set to the interpreter's
+    objects."""
     import sys
+
+    from triton.runtime import interpreter
 
     for key, recorded in state.items():
         target = sys.modules.get(key) if isinstance(key, str) else key
@@ -701,7 +766,9 @@ def _set_language_state(state: dict) -> None:
             continue
         now = vars(target)
         for name in [n for n in now if n not in recorded]:
-            if isinstance(key, str):
+            if isinstance(key, str) and hasattr(interpreter, name):
+                now[name] = getattr(interpreter, name)
+            elif isinstance(key, str):
                 del now[name]
             else:
                 delattr(target, name)
@@ -709,7 +776,7 @@ def _set_language_state(state: dict) -> None:
             if now.get(name, _MISSING) is not value:
                 if isinstance(key, str):
                     now[name] = value
-                else:
+                elif name not in ("__dict__", "__weakref__", "__doc__"):
                     setattr(target, name, value)
 
 
