@@ -65,7 +65,7 @@ from .w4a16 import check_w4a16_inputs
 
 __all__ = ["triton", "tl", "TritonUnavailable", "KernelSourceError", "NEEDS_TRITON", "launcher", "LAUNCHERS", "launch_gemv", "launch_rms_norm",
            "launch_w4a16", "launch_paged_decode",
-           "is_triton_kernel", "guarded", "guard_changed", "GUARD_ROWS", "GUARD_COLUMNS",
+           "is_triton_kernel", "restore_triton", "guarded", "guard_changed", "GUARD_ROWS", "GUARD_COLUMNS",
            "OUTPUT_GUARD_COLUMNS", "SENTINEL"]
 
 #: Rows of poison above and below each guarded 2-D tensor, and elements before and after a 1-D one.
@@ -233,11 +233,15 @@ def _language_value(obj) -> bool:
 
 def _constant(value) -> bool:
     """Whether a global VALUE may be named in a kernel as a constant: exactly a number, a string, None,
-    a Triton dtype, or a ``tl.constexpr`` holding one (a constexpr can hold anything, a function too).
-    Exact types: a subclass could carry a ``__call__`` or lie about its ``__class__``."""
+    one of triton.language's own dtypes (``tl.float32``, by identity), or a ``tl.constexpr`` holding one
+    (a constexpr can hold anything, a function too). Exact types: a subclass could carry a ``__call__``
+    or lie about its ``__class__``, and a new dtype instance could carry its own methods."""
     if type(value) is tl.constexpr:
+        if set(vars(value)) - {"value", "type"}:    # nothing planted on the constexpr itself
+            return False
         value = value.value
-    return value is None or type(value) in (int, float, bool, str) or type(value) in _DTYPE_TYPES
+    # a dtype only as triton.language defines it (tl.float32): a new instance could carry its own methods
+    return value is None or type(value) in (int, float, bool, str) or (type(value) in _DTYPE_TYPES and _language_value(value))
 
 
 _MISSING = object()
@@ -364,6 +368,14 @@ def _check_kernel_object(kernel, fn, top: ast.FunctionDef, name: str, line0: int
     for arg, annotation in fn.__annotations__.items():
         if annotation is not tl.constexpr and type(annotation) is not str:
             refuse(f"the annotation of {arg!r} is not tl.constexpr")
+    # Triton's compiler evaluates the written annotations again: only `tl.constexpr` (or a string) may be written
+    for arg in top.args.posonlyargs + top.args.args + top.args.kwonlyargs:
+        written = arg.annotation
+        if written is not None and not (isinstance(written, ast.Constant) and type(written.value) is str) \
+                and ast.unparse(written) not in ("tl.constexpr", "triton.language.constexpr"):
+            refuse(f"the annotation of {arg.arg!r} is `{ast.unparse(written)[:80]}`, not tl.constexpr", written.lineno)
+    if top.returns is not None:
+        refuse("the kernel has a return annotation", top.returns.lineno)
     if type(kernel).__name__ == "InterpretedFunction":
         from triton.runtime.interpreter import FunctionRewriter, InterpretedFunction
 
@@ -702,7 +714,7 @@ def _launch(kernel, name: str, interpreted: bool, grid: tuple[int, ...], args: S
         if interpreted:
             # Triton as imported (nothing planted in its language, interpreter or JIT since), the interpreter's
             # cache without learner entries, and a @triton.jit object made here from the checked function.
-            _set_language_state(_PRISTINE_LANGUAGE)
+            restore_triton()
             _forget_rewritten()
             runner = type(kernel)(kernel.fn)
             with trace:
@@ -744,9 +756,13 @@ def _language_state() -> dict:
                (name in ("triton", "triton.runtime.interpreter", "triton.runtime.jit") or name.startswith("triton.language"))}
     state: dict = {name: dict(vars(module)) for name, module in modules.items()}
     for name, module in modules.items():
-        for cls in list(vars(module).values()):
-            if isinstance(cls, type) and cls.__module__ == name:
-                state[cls] = dict(vars(cls))
+        for member in list(vars(module).values()):
+            if isinstance(member, type) and member.__module__ == name:
+                state[member] = dict(vars(member))
+            elif not isinstance(member, (type, ModuleType)) and not callable(member) \
+                    and type(getattr(member, "__dict__", None)) is dict:
+                # instances such as tl.float32 or the interpreter's builder: a method set on one shadows its class's
+                state[(id(member), "instance")] = (member, dict(vars(member)))
     return state
 
 
@@ -761,6 +777,15 @@ def _set_language_state(state: dict) -> None:
     from triton.runtime import interpreter
 
     for key, recorded in state.items():
+        if isinstance(key, tuple):         # an instance: its attributes as recorded
+            instance, attributes = recorded
+            now = vars(instance)
+            for name in [n for n in now if n not in attributes]:
+                del now[name]
+            for name, value in attributes.items():
+                if now.get(name, _MISSING) is not value:
+                    now[name] = value
+            continue
         target = sys.modules.get(key) if isinstance(key, str) else key
         if target is None:
             continue
@@ -782,6 +807,14 @@ def _set_language_state(state: dict) -> None:
 
 #: triton.language as this module found it (no launch has run yet: the set-up cell imports it first).
 _PRISTINE_LANGUAGE = None if isinstance(triton, _MissingTriton) else _language_state()
+
+
+def restore_triton() -> None:
+    """Set triton, triton.language, Triton's interpreter and JIT (their namespaces, classes and module-level
+    instances) back to how they were when this module was imported, as every learner launch does first.
+    No-op where triton does not import."""
+    if _PRISTINE_LANGUAGE is not None:
+        _set_language_state(_PRISTINE_LANGUAGE)
 
 
 def _swap_in_compiled(fn, swapped: list, seen: set) -> None:
