@@ -614,10 +614,15 @@ _DISGUISES = {
 def _disguised(tmp_path, name: str, preamble: str, body: str, def_line: str = "def paged_decode_kernel"):
     """Write the module (the cheat, PREAMBLE, then a kernel whose body stores zeros and runs BODY) and import it
     with the interpreter on, as a notebook cell would define it."""
-    import importlib.util
-
     path = tmp_path / f"{name}.py"
     path.write_text(_CHEAT + preamble + f"\n\n@triton.jit\n{def_line}{_SIGNATURE}:\n" + _ZERO_STORE + body)
+    return _import_interpreted(name, str(path))
+
+
+def _import_interpreted(name: str, path: str):
+    """The module at PATH imported as NAME with TRITON_INTERPRET=1 (its kernels built for the interpreter)."""
+    import importlib.util
+
     saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
@@ -715,20 +720,7 @@ _ATTACKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_atta
 
 def _attack(name: str):
     """tests/kernel_attacks/NAME.py imported with the interpreter on; its gemv_kernel."""
-    import importlib.util
-
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        spec = importlib.util.spec_from_file_location(f"kernel_attack_{name}", os.path.join(_ATTACKS, f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
-    return module.gemv_kernel
+    return _import_interpreted(f"kernel_attack_{name}", os.path.join(_ATTACKS, f"{name}.py")).gemv_kernel
 
 
 @pytest.mark.parametrize("name, message", [
