@@ -50,6 +50,7 @@ import builtins
 import functools
 import inspect
 import math
+import sys
 import textwrap
 from types import FunctionType
 from typing import Callable, Mapping, Sequence
@@ -199,16 +200,6 @@ def _value_attributes() -> frozenset[str]:
     return frozenset((names | {"dtype", "shape", "element_ty", "numel", "value", "primitive_bitwidth"}) - {"handle"})
 
 
-def _language_snapshot() -> dict[str, tuple]:
-    """The modules ``triton`` and ``triton.language.*`` as they are now: name -> (module, its namespace
-    copied). Taken when this module is imported, before any learner code can have changed them."""
-    import sys
-    from types import ModuleType
-
-    return {name: (module, dict(vars(module))) for name, module in list(sys.modules.items())
-            if (name == "triton" or name.startswith("triton.language")) and isinstance(module, ModuleType)}
-
-
 def _language_module(value) -> bool:
     """Whether VALUE is the module triton or a triton.language module itself (by identity)."""
     return any(value is module for module, _ in _LANGUAGE.values())
@@ -245,16 +236,6 @@ def _constant(value) -> bool:
 
 
 _MISSING = object()
-#: triton and triton.language as they were when this module was imported (the set-up cell imports it before
-#: any kernel runs): what a kernel may name, by identity (``_check_kernel_source``).
-if not isinstance(triton, _MissingTriton):      # loaded now, so that the snapshots below hold them as imported
-    import triton.runtime.interpreter  # noqa: F401
-    import triton.runtime.jit  # noqa: F401
-_LANGUAGE: dict[str, tuple] = {} if isinstance(triton, _MissingTriton) else _language_snapshot()
-_LANGUAGE_IDS = frozenset(id(v) for _, namespace in _LANGUAGE.values() for v in namespace.values())
-#: The Python functions behind triton.language's own @jit helpers (keys the interpreter may cache).
-_LANGUAGE_FNS = frozenset(id(v.fn) for _, namespace in _LANGUAGE.values() for v in namespace.values()
-                          if isinstance(getattr(v, "fn", None), FunctionType))
 
 
 def _dtype_classes() -> frozenset:
@@ -805,8 +786,20 @@ def _set_language_state(state: dict) -> None:
                     setattr(target, name, value)
 
 
-#: triton.language as this module found it (no launch has run yet: the set-up cell imports it first).
+if not isinstance(triton, _MissingTriton):      # loaded now, so that the snapshot below holds them as imported
+    import triton.runtime.interpreter  # noqa: F401
+    import triton.runtime.jit  # noqa: F401
+#: Triton as this module found it (no launch has run yet: the set-up cell imports it first).
 _PRISTINE_LANGUAGE = None if isinstance(triton, _MissingTriton) else _language_state()
+#: triton and triton.language.* from that snapshot, name -> (module, its namespace): what a kernel may
+#: name, by identity (``_check_kernel_source``).
+_LANGUAGE: dict[str, tuple] = {} if _PRISTINE_LANGUAGE is None else {
+    name: (sys.modules[name], namespace) for name, namespace in _PRISTINE_LANGUAGE.items()
+    if isinstance(name, str) and (name == "triton" or name.startswith("triton.language"))}
+_LANGUAGE_IDS = frozenset(id(v) for _, namespace in _LANGUAGE.values() for v in namespace.values())
+#: The Python functions behind triton.language's own @jit helpers (keys the interpreter may cache).
+_LANGUAGE_FNS = frozenset(id(v.fn) for _, namespace in _LANGUAGE.values() for v in namespace.values()
+                          if isinstance(getattr(v, "fn", None), FunctionType))
 
 
 def restore_triton() -> None:
@@ -822,16 +815,13 @@ def _swap_in_compiled(fn, swapped: list, seen: set) -> None:
     interpreter that a compile would reach by a compiled build of the same function (recording the
     originals in SWAPPED): Triton's compiler refuses interpreted functions, and under TRITON_INTERPRET
     every ``@triton.jit`` function is one, triton.language's own helpers (``tl.cdiv``, ``tl.sum``) included."""
-    import sys
-    from types import ModuleType
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
     if id(fn) in seen:
         return
     seen.add(id(fn))
-    namespaces = [vars(m) for n, m in list(sys.modules.items())
-                  if n.startswith("triton.language") and isinstance(m, ModuleType)] if len(seen) == 1 else []
+    namespaces = [vars(module) for n, (module, _) in _LANGUAGE.items() if n != "triton"] if len(seen) == 1 else []
     namespaces.append(fn.__globals__)
     for namespace in namespaces:
         for name, obj in list(namespace.items()):
