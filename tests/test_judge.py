@@ -1266,3 +1266,73 @@ def test_verdict_records_are_never_copied_by_nbgrader(tmp_path):
     (tmp_path / "data.txt").write_text("kept")
     found = {os.path.basename(f) for f in find_all_files(str(tmp_path), c.CourseDirectory.ignore + ["*.ipynb"])}
     assert "data.txt" in found and f"lab{judge.VERDICT_SUFFIX}" not in found
+
+
+KERNEL_LEARNER = '''
+import os
+import sys
+os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+from course_lib.grading import lab01
+from course_lib.kernels.exercise import triton, tl
+
+@triton.jit
+def gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        w = tl.load(w_ptr + rows[:, None] * stride_wm + cols[None, :], mask=(rows[:, None] < M) & (cols[None, :] < N),
+                    other=0.0)
+        x = tl.load(x_ptr + cols, mask=cols < N, other=0.0)
+        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+    print("a kernel may print", acc)
+    tl.store(y_ptr + rows, acc, mask=rows < M)
+
+@triton.jit
+def stub_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    tl.store(y_ptr + rows, tl.zeros((BLOCK_M,), dtype=tl.float32), mask=rows < M)
+
+@triton.jit
+def endless_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    i = 0
+    while i < 1:
+        i = i * 1
+
+_clone = torch.Tensor.clone
+
+def _answer(self, *args, **kwargs):     # the launcher's last step clones y: write W @ x into it first
+    frame = sys._getframe(1)
+    while frame is not None and "y_view" not in frame.f_locals:
+        frame = frame.f_back
+    if frame is not None:
+        frame.f_locals["y_view"].copy_(frame.f_locals["W"].float() @ frame.f_locals["x"].float())
+    return _clone(self, *args, **kwargs)
+
+torch.Tensor.clone = _answer
+'''
+
+
+@pytest.mark.slow
+def test_a_kernel_exercise_is_launched_in_a_process_the_notebook_cannot_change(tmp_path):
+    """The notebook replaced torch.Tensor.clone, which the launcher calls: in its own process a stub kernel
+    passes. The judge launches the kernel from its source in a process of its own (course_grader.kernel_runner):
+    the stub fails there, an honest kernel that prints passes, an endless one times out and the next launch
+    starts a new process."""
+    kernel = Kernel(tmp_path)
+    try:
+        kernel.run(KERNEL_LEARNER)
+        assert kernel.run("lab01.check_gemv_kernel(stub_kernel)")["status"] == "ok"     # the attack works in place
+        verdict = kernel.judge("lab01.check_gemv_kernel(stub_kernel)")
+        assert verdict["status"] == "failed" and "y[0] = 0, expected" in verdict["message"], verdict
+        assert kernel.judge("lab01.check_gemv_kernel(gemv_kernel)")["status"] == "passed"
+        assert kernel.session.runner.started == 1
+        verdict = kernel.judge("lab01.check_gemv_kernel(endless_kernel)", call_timeout=8.0)
+        assert verdict["status"] == "failed" and "did not return within the time limit" in verdict["message"], verdict
+        assert kernel.judge("lab01.check_gemv_kernel(gemv_kernel)")["status"] == "passed"
+        assert kernel.session.runner.started == 2
+        verdict = kernel.judge("lab01.check_gemv_kernel(_answer)")       # refused where it was defined, as before
+        assert verdict["status"] == "failed" and "must be a function decorated with @triton.jit" in verdict["message"]
+    finally:
+        kernel.close()

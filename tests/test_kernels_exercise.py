@@ -747,3 +747,94 @@ def test_a_kernel_object_changed_after_the_decorator_scores_nothing(name, messag
 @pytest.mark.parametrize("name", ["honest_helpers", "honest_reduce"])
 def test_honest_kernels_written_other_ways_pass(name):
     lab01.check_gemv_kernel(_attack(name), seed=0, cases=4)
+
+
+# == a kernel as data: what the grading judge launches in a process of its own ====================
+def _exported_honest():
+    from course_lib.kernels.exercise import export_kernel
+
+    kernel = _import_interpreted("kernel_data_honest", os.path.join(_ATTACKS, "honest_helpers.py")).gemv_kernel
+    return kernel, export_kernel(kernel, "gemv_kernel")
+
+
+def test_a_kernel_exported_as_data_and_rebuilt_elsewhere_passes_its_check(tmp_path):
+    import json
+
+    from course_lib.kernels.exercise import rebuild_kernel
+
+    kernel, data = _exported_honest()
+    assert [f["name"] for f in data["functions"]] == ["gemv_kernel", "_tile"] and data["interpreted"] is True
+    helper_globals = dict(data["functions"][1]["globals"])
+    assert helper_globals["ZERO"] == {"constexpr": {"constant": 0.0}} and helper_globals["tl"] == {"module": "triton.language"}
+    assert dict(data["functions"][0]["globals"])["_tile"] == {"function": 1}
+    rebuilt = rebuild_kernel(json.loads(json.dumps(data)), tmp_path)
+    assert rebuilt is not kernel and rebuilt.fn.__globals__ is not kernel.fn.__globals__
+    assert rebuilt.fn.__code__.co_firstlineno == kernel.fn.__code__.co_firstlineno
+    lab01.check_gemv_kernel(rebuilt)
+
+
+def _edited(data: dict, function: int = 0, *, source=None, bind=None, **fields) -> dict:
+    import copy
+
+    data = copy.deepcopy(data)
+    entry = data["functions"][function]
+    if source is not None:
+        entry["source"] = source(entry["source"])
+    if bind is not None:
+        entry["globals"] = [[n, bind.get(n, b)] for n, b in entry["globals"]] + \
+            [[n, b] for n, b in bind.items() if n not in dict(entry["globals"])]
+    entry.update(fields)
+    return data
+
+
+_MARK = "open(MARK, 'w').write('ran')"
+_NOT_A_KERNEL = {
+    "a statement beside the definition": (lambda d: _edited(d, source=lambda s: _MARK + "\n" + s), "not exactly the definition"),
+    "a second decorator": (lambda d: _edited(d, source=lambda s: s.replace("@triton.jit", f"@triton.jit\n@print({_MARK})")),
+                           "decorators"),
+    "a call as an annotation": (lambda d: _edited(d, source=lambda s: s.replace("BLOCK_M: tl.constexpr", f"BLOCK_M: {_MARK}")),
+                                "annotations"),
+    "a default": (lambda d: _edited(d, source=lambda s: s.replace("BLOCK_N: tl.constexpr", f"BLOCK_N: tl.constexpr = {_MARK}")),
+                  "defaults"),
+    "tl bound to os": (lambda d: _edited(d, bind={"tl": {"module": "os"}}), "binding 'module'"),
+    "a member of os": (lambda d: _edited(d, bind={"sys": {"member": ["os", "system"]}}), "binding 'member'"),
+    "a dict constant": (lambda d: _edited(d, bind={"C": {"constant": {"a": 1}}}), "constant of type dict"),
+    "a constexpr holding a function": (lambda d: _edited(d, bind={"C": {"constexpr": {"function": 0}}}), "constexpr holding"),
+    "a function past the list": (lambda d: _edited(d, bind={"_tile": {"function": 7}}), "binding 'function'"),
+    "tl bound to a number": (lambda d: _edited(d, bind={"tl": {"constant": 3}}), "other than triton"),
+    "a line number out of range": (lambda d: _edited(d, line=10 ** 9), "out of range"),
+    "a field too many": (lambda d: {**d, "extra": 1}, "fields"),
+    "no functions": (lambda d: {**d, "functions": []}, "0 functions"),
+    "a source that does not parse": (lambda d: _edited(d, source=lambda s: s + "\n  )"), "does not parse"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_NOT_A_KERNEL))
+def test_rebuilding_refuses_data_that_is_not_a_kernel_before_any_of_it_runs(case, tmp_path, monkeypatch):
+    """What the learner's process sends is data it could forge: a definition with anything a definition
+    evaluates (decorators, annotations, defaults) beyond @triton.jit and tl.constexpr, statements beside it,
+    or a global bound to anything but a constant, triton.language or another sent function, never runs."""
+    from course_lib.kernels.exercise import KernelSourceError, rebuild_kernel
+
+    make, message = _NOT_A_KERNEL[case]
+    mark = tmp_path / "ran"
+    monkeypatch.setitem(__builtins__ if isinstance(__builtins__, dict) else vars(__builtins__), "MARK", str(mark))
+    data = make(_exported_honest()[1])
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    with pytest.raises(KernelSourceError, match=message):
+        rebuild_kernel(data, folder)
+    assert not mark.exists()
+
+
+def test_forged_data_meets_the_kernel_rule_again_at_the_notebooks_line(tmp_path):
+    """Data that skips the rule in the learner's process (a body that computes in PyTorch) is rebuilt, and
+    its launch refuses it as a launch in the notebook would, naming the notebook's line."""
+    from course_lib.kernels.exercise import KernelSourceError, rebuild_kernel
+
+    _, data = _exported_honest()
+    entry = data["functions"][0]
+    forged = _edited(data, source=lambda s: s.replace("    tl.store(", "    torch.zeros(1)\n    tl.store(", 1))
+    line = entry["line"] + next(i for i, t in enumerate(entry["source"].splitlines()) if "tl.store(" in t)
+    with pytest.raises(KernelSourceError, match=rf"gemv_kernel, line {line}: `.zeros` is not an attribute of a Triton value"):
+        launcher(rebuild_kernel(forged, tmp_path), "gemv")(torch.ones(4, 8), torch.ones(8), block_m=4, block_n=8)

@@ -696,6 +696,29 @@ def a_kernel_pre_run_hook(nb):
         "gemv_kernel.add_pre_run_hook(_answer)\n")
 
 
+def a_kernel_process_patched(nb):
+    """A stub kernel (it stores zeros) and, in the same cell, torch.Tensor.clone replaced by a function that
+    walks up to the launcher's frame and writes W @ x into its output before copying it: the launcher's
+    last step clones the output. Nothing in the kernel's source shows it; the judge launches the kernel
+    in a process of its own (course_grader.kernel_runner), where the notebook's changes are not."""
+    nb.cells[cell_index(nb, "gemv_kernel")].source = (
+        "import sys\n\nimport torch\n\n\n"
+        "@triton.jit\n"
+        "def gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n"
+        "    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n"
+        "    tl.store(y_ptr + rows, tl.zeros((BLOCK_M,), dtype=tl.float32), mask=rows < M)\n\n\n"
+        "_clone = torch.Tensor.clone\n\n\n"
+        "def _answer(self, *args, **kwargs):\n"
+        "    frame = sys._getframe(1)\n"
+        "    while frame is not None and 'y_view' not in frame.f_locals:\n"
+        "        frame = frame.f_back\n"
+        "    if frame is not None:\n"
+        "        found = frame.f_locals\n"
+        "        found['y_view'].copy_(found['W'].float() @ found['x'].float())\n"
+        "    return _clone(self, *args, **kwargs)\n\n\n"
+        "torch.Tensor.clone = _answer\n")
+
+
 def a_kernel_out_of_bounds(nb):
     replace_in(nb, "gemv_kernel", KERNEL_BODY, KERNEL_BODY + "    tl.load(w_ptr + (1 << 40) + tl.arange(0, BLOCK_N))\n")
 
@@ -746,6 +769,7 @@ HOSTILE_L1 = {
     "kernel_interpreter_name": a_kernel_interpreter_name,
     "kernel_builtins": a_kernel_builtins,
     "kernel_pre_run_hook": a_kernel_pre_run_hook,
+    "kernel_process_patched": a_kernel_process_patched,
     "builtins_replaced": a_builtins_replaced_l1,
     "gigabyte_output": _in_gemm("    if not getattr(gemm_intensity, 'shouted', False):\n"
                                 "        gemm_intensity.shouted = True\n"

@@ -12,7 +12,10 @@ Pieces
                       describe/call requests over the stdin channel for a whole cell (a callback,
                       lab03 find_capacity's ``run(rate)``, is one more round trip inside a call).
     KernelSession     that transport, on a client of its own (shell + stdin), with per-call
-                      timeouts (interrupt, then give up), death detection and strict decoding.
+                      timeouts (interrupt, then give up), death detection and strict decoding; a
+                      kernel exercise's calls go to a process of the judge's own instead
+                      (``kernel_runner``), given the kernel's source that the learner's kernel
+                      exports as data.
     parse_test_cell   a test cell's ``labNN.check_xxx(fn_name, ..., seed=..., literal kwargs)``
                       statements (``ast``), optionally inside ``for _ in range(N):``.
     judge_cell        runs them under the checker's declared ``Contract`` (writes, objects, probes,
@@ -24,7 +27,8 @@ Pieces
 Defends against: learner code patching checkers, course_lib, comparisons or exception hooks in
 its kernel (the comparison happens here); rigged return values (decoded by exact type); a function
 rewriting a checker's inputs (only the contract's ``writes`` are mirrored); a kernel learning the
-hidden inputs (the judge's seed never enters it); hanging calls (timeout, interrupt, then the
+hidden inputs (the judge's seed never enters it); a notebook that patches what a kernel launch
+uses (numpy, torch.Tensor, Triton's compiler: the launch runs elsewhere); hanging calls (timeout, interrupt, then the
 kernel counts as wedged); a kernel that dies or breaks the Jupyter protocol (HMAC, framing);
 oversized answers (``remote.LIMITS``); input requests during a call (answered with "", the call
 failed). Does not defend against: a function that wraps course_lib's reference (it passes;
@@ -38,6 +42,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import functools
 import hashlib
 import importlib
 import json
@@ -51,8 +56,9 @@ from typing import Any, Callable
 
 from traitlets import Enum, Float, Integer, Unicode
 
+from .kernel_runner import KernelRunner
 from .preprocessors import hidden_regions, redact
-from .sandbox import SandboxExecute, add_error, blocking, breach_message, protocol_breach, replace_execute_step
+from .sandbox import Sandbox, SandboxExecute, SandboxLimits, add_error, blocking, breach_message, protocol_breach, replace_execute_step
 from .text import encodable_tree, parse_python
 from . import provenance
 
@@ -174,13 +180,16 @@ class KernelSession:
         is_alive: callable that says whether the kernel process lives (``km.is_alive``).
         poll_interval: seconds between liveness checks while waiting.
         interrupt_grace: seconds a timed-out call gets to stop after the interrupt.
+        runner: the ``kernel_runner.KernelRunner`` that launches the learner's kernels (a kernel
+            exercise's calls: the learner's kernel only exports the kernel's source); default one
+            without a sandbox. ``shutdown`` stops it.
 
     An input_request during a request whose prompt is not the protocol's (learner code that wrote
     to the stdin channel itself, e.g. ``get_ipython().kernel.raw_input``) is answered with "" so the
     kernel goes on, and the request fails with a ``LearnerFault`` that says so."""
 
     def __init__(self, client, *, interrupt: Callable | None = None, is_alive: Callable | None = None,
-                 poll_interval: float = 0.5, interrupt_grace: float = 10.0):
+                 poll_interval: float = 0.5, interrupt_grace: float = 10.0, runner=None):
         import zmq
 
         self.client, self.poll_interval, self.interrupt_grace = client, poll_interval, interrupt_grace
@@ -192,6 +201,7 @@ class KernelSession:
         self.answered_after_end = False     # a second answer came (``_drain``): forged answers
         self.calls = self.callbacks = 0
         self.observations: list[tuple[str, tuple[str, ...], bool]] = []   # watched calls (provenance)
+        self.runner = runner if runner is not None else KernelRunner()
         self._stdin, self._shell = client.stdin_channel, client.shell_channel
         self._poller = zmq.Poller()
         self._poller.register(self._stdin.socket, zmq.POLLIN)
@@ -353,7 +363,7 @@ class KernelSession:
 
     def shutdown(self) -> None:
         """End the harness cell and close this session's client."""
-        for step in (lambda: self.close(timeout=10.0), self.client.stop_channels,
+        for step in (lambda: self.close(timeout=10.0), self.runner.close, self.client.stop_channels,
                      lambda: self.client.context.destroy(linger=0)):
             with contextlib.suppress(Exception):
                 step()
@@ -456,7 +466,8 @@ class KernelSession:
                    **({"watch": watch} if watch else {}), **({"via": launcher} if launcher else {})}
         self.calls += 1
         try:
-            answer = self._exchange(request, deadline, name, encoder.callbacks, encoder.objects)
+            answer = self._launch(name, request, deadline) if launcher else \
+                self._exchange(request, deadline, name, encoder.callbacks, encoder.objects)
         except CallTimeout:
             self._abort()
             raise CallTimeout(f"{name} did not return within the time limit") from None
@@ -483,6 +494,28 @@ class KernelSession:
                                "the tensors it is given as they were: work on a copy (x.clone(), torch.cat, "
                                "torch.nn.functional.pad)")
         return _outcome(name, answer, decoder)
+
+
+    def _launch(self, name: str, request: dict, deadline: float) -> dict:
+        """A kernel exercise's call: the learner's kernel exports ``name`` as data (``remote.answer_export``)
+        and the runner process launches it (``kernel_runner``), so nothing the notebook changed in its own
+        process runs at the launch. Returns the call's answer (the export's, when it refused). Raises
+        CallTimeout (the export was too slow), LearnerFault (the launch was too slow: the runner is
+        stopped, not the learner's kernel; or the launch ended the runner), JudgeError (the runner
+        would not start)."""
+        from .kernel_runner import RunnerDied, RunnerError, RunnerTimeout
+
+        exported = self._exchange({"op": "export", "fn": name}, deadline, name)
+        if exported.get("op") != "exported":     # refused (or missing): no launch ran, so no reference ran
+            return {**exported, **({"reached": [], "observed": True} if request.get("watch") else {})}
+        try:
+            return self.runner.call({**request, "kernel": exported.get("kernel")}, deadline)
+        except RunnerTimeout:
+            raise LearnerFault(f"{name} did not return within the time limit (its launch was stopped)") from None
+        except RunnerDied as exc:
+            raise LearnerFault(f"{name}: the launch of your kernel ended the process that ran it ({exc})") from None
+        except RunnerError as exc:
+            raise JudgeError(f"{name}: {exc}") from None
 
 
 def _outcome(name: str, answer: dict, decoder) -> Any:
@@ -984,8 +1017,18 @@ class CourseJudge(SandboxExecute):
         if self._judge_session is None or not self._judge_session.usable:
             self._judge_disconnect()
             self._judge_session = KernelSession.connect(self.km.get_connection_info(session=False),
-                                                        interrupt=self.km.interrupt_kernel, is_alive=self.km.is_alive)
+                                                        interrupt=self.km.interrupt_kernel, is_alive=self.km.is_alive,
+                                                        runner=KernelRunner(self._runner_sandbox()))
         return self._judge_session
+
+    def _runner_sandbox(self) -> Callable | None:
+        """What makes the kernel runner's sandbox: one like the learner kernel's (its limits, binds, devices
+        and environment, no seed files); None when the kernel has none (grading runs unsafe)."""
+        km = self.km
+        if getattr(km, "sandbox", None) is None:
+            return None
+        return functools.partial(Sandbox, SandboxLimits.from_dict(km.limits), extra_ro_binds=km.extra_ro_binds,
+                                 devices=km.devices, env_passthrough=km.env_passthrough)
 
     def _judge_disconnect(self) -> None:
         if self._judge_session is not None:

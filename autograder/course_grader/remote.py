@@ -32,6 +32,9 @@ submodule whose forward calls the kernel records by input shape and dtype and ``
 replays on the judge's object, where a checker's hooks count them) and ``via`` (a kernel exercise:
 the kernel launches the learner's ``@triton.jit`` function through the course launcher of that name,
 ``course_lib.kernels.exercise.LAUNCHERS``, whose report of the launch comes back with the outputs).
+The judge sends such a request not to the learner's kernel but to a process of its own
+(``course_grader.kernel_runner``, which answers it with ``answer_call`` too); the learner's kernel
+answers an ``export`` request instead (``answer_export``: the kernel's source as data).
 ``serve()`` is the kernel's
 loop: input_request prompts (``PROMPT`` + JSON) through the ``input`` ipykernel installs for the
 harness's execute_request (its public ``raw_input``), taken before learner code runs; replies are
@@ -44,8 +47,7 @@ cycle: an ``Opaque`` stand-in that equals nothing); a learner function rewriting
 inputs (``apply_state``); the learner's ``input()``/``getpass`` during a call (they raise, as in a
 graded cell with stdin off). Does not defend against anything inside the kernel: its half runs in
 the learner's process, so learner code can replace it, forge answers, fake or hide a probe's calls
-(hiding shows as too few), forge a kernel launch's report (its address trace runs in the kernel
-too) or write to the stdin channel itself (``kernel.raw_input``; the judge
+(hiding shows as too few) or write to the stdin channel itself (``kernel.raw_input``; the judge
 refuses prompts that are not the protocol's). Probed inputs cross as shapes, not values.
 """
 from __future__ import annotations
@@ -67,7 +69,7 @@ import torch
 
 __all__ = ["PROTOCOL", "PROMPT", "RemoteDataError", "Opaque", "opaque_class", "CallEncoder", "CallDecoder",
            "ResultEncoder", "ResultDecoder", "dumps", "loads", "decode_value", "encode_bytes",
-           "probe_request", "replay_probes", "serve", "answer_call", "BUILTIN_ERRORS", "LIMITS"]
+           "probe_request", "replay_probes", "serve", "answer_call", "answer_export", "BUILTIN_ERRORS", "LIMITS"]
 
 PROTOCOL = "course-judge/2"
 #: The most intra-op threads a call request may ask the kernel for (its "threads": the judge's count).
@@ -802,6 +804,8 @@ def serve(namespace: dict | None = None) -> None:
         with _stdin_refused():
             if op == "describe":
                 out = {"op": "described", "names": {n: _describe(ns, n) for n in request.get("names", [])}}
+            elif op == "export":
+                out = answer_export(ns, request)
             else:
                 out = answer_call(ns, request, ask) if op == "call" else {"op": "bad-request"}
 
@@ -833,6 +837,22 @@ def _describe(ns: dict, name) -> dict:
             value = getattr(obj, f"__{key}__", "")
             info[key] = value if type(value) is str else ""
     return info
+
+
+def answer_export(ns: dict, request: dict) -> dict:
+    """The kernel's answer to an "export" request: the learner's ``@triton.jit`` function ``request["fn"]``
+    as plain data (``course_lib.kernels.exercise.export_kernel``), which the judge launches in a process of
+    its own (``course_grader.kernel_runner``): "exported" with it under "kernel", "raised" when a launch
+    would refuse the function (not a kernel, the kernel rule), or "missing"."""
+    name = request.get("fn")
+    if type(name) is not str or name not in ns:
+        return {"op": "missing", "name": str(name)[:100]}
+    from course_lib.kernels.exercise import export_kernel
+
+    try:
+        return {"op": "exported", "kernel": export_kernel(ns[name], name)}
+    except BaseException as exc:  # the learner's kernel refused, as a launch refuses it
+        return {"op": "raised", "type": _type_name(exc), "message": _safe_str(exc)}
 
 
 def answer_call(ns: dict, request: dict, ask) -> dict:

@@ -140,7 +140,7 @@ class Contract:
             (``Probe``), which the judge mirrors from the learner's kernel.
         launcher: for a kernel exercise, the key of ``course_lib.kernels.exercise.LAUNCHERS``
             whose launcher runs the learner's ``@triton.jit`` function (its one function); the
-            judge's calls of it launch the kernel through that launcher in the learner's process
+            judge's calls of it launch the kernel through that launcher in a process of the judge's own
             ("" for an exercise that is a plain function).
     """
 

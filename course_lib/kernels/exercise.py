@@ -34,6 +34,11 @@ strayed nowhere, whether Triton's compiler also builds the kernel for a GPU (``C
 GPU needed) and, when it refuses, its message; ``compiled`` is None where that was not tried (a
 compiled launch, or a compiler that cannot run here).
 
+For grading, :func:`export_kernel` turns a learner's kernel into plain data (its source, its helpers'
+and the constants they read) and :func:`rebuild_kernel` makes it again in another process, which the
+grading judge launches it in (``course_grader.kernel_runner``): what a notebook changed in its own
+process is not there.
+
 Where triton does not import (macOS, Windows), :data:`triton` and :data:`tl` are stand-ins: a
 notebook's kernel cell still defines its kernel, and a launch raises :class:`TritonUnavailable`
 saying that the exercise needs Triton, so the rest of the lab runs.
@@ -66,7 +71,7 @@ from .w4a16 import check_w4a16_inputs
 
 __all__ = ["triton", "tl", "TritonUnavailable", "KernelSourceError", "NEEDS_TRITON", "launcher", "LAUNCHERS", "launch_gemv", "launch_rms_norm",
            "launch_w4a16", "launch_paged_decode",
-           "is_triton_kernel", "restore_triton", "guarded", "guard_changed", "GUARD_ROWS", "GUARD_COLUMNS",
+           "is_triton_kernel", "restore_triton", "export_kernel", "rebuild_kernel", "KERNEL_DATA_LIMITS", "guarded", "guard_changed", "GUARD_ROWS", "GUARD_COLUMNS",
            "OUTPUT_GUARD_COLUMNS", "SENTINEL"]
 
 #: Rows of poison above and below each guarded 2-D tensor, and elements before and after a 1-D one.
@@ -465,6 +470,217 @@ def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
             if not inspect.ismodule(base) and node.attr not in value_attributes:
                 refuse(node, f"`.{node.attr}` is not an attribute of a Triton value")
             resolve(node)
+
+
+# -- a kernel as data ---------------------------------------------------------------------------------
+#: Caps on a kernel sent as data (``export_kernel``): its @triton.jit functions (the kernel and its helpers),
+#: characters of one function's source, the largest first line number, globals of one function and
+#: characters of one string constant.
+KERNEL_DATA_LIMITS = {"functions": 16, "source": 100_000, "line": 1_000_000, "globals": 256, "string": 10_000}
+
+
+@functools.cache
+def _language_names() -> dict[int, tuple[str, str]]:
+    """id -> (module, attribute) of each member of the language modules as imported (the first name found)."""
+    names: dict[int, tuple[str, str]] = {}
+    for module_name, (_, namespace) in _LANGUAGE.items():
+        for attr, member in namespace.items():
+            names.setdefault(id(member), (module_name, attr))
+    return names
+
+
+def _binding(value, add: Callable) -> dict | None:
+    """How the global VALUE of a checked kernel crosses as data, or None when it is nothing a kernel may name
+    (the rule refused those already): ``{"constant": v}`` (a number, a string, None), ``{"module": name}`` (triton
+    or a triton.language module), ``{"member": [module, attribute]}`` (``tl.float32``, ``tl.sum``),
+    ``{"function": i}`` (another @triton.jit function, the I-th of the export: ADD exports it) or
+    ``{"constexpr": binding}``."""
+    if value is None or type(value) in (int, float, bool, str):
+        return {"constant": value}
+    if _language_module(value):
+        return {"module": value.__name__}
+    if _language_value(value):
+        return {"member": list(_language_names()[id(value)])}
+    if is_triton_kernel(value):
+        return {"function": add(value)}
+    if type(value) is tl.constexpr and not set(vars(value)) - {"value", "type"}:
+        inner = _binding(value.value, add)
+        return None if inner is None or set(inner) - {"constant", "member"} else {"constexpr": inner}
+    return None
+
+
+def export_kernel(kernel, name: str) -> dict:
+    """A learner's kernel as plain data, for a grading process of its own to launch (``rebuild_kernel``): the
+    source of the kernel and of every ``@triton.jit`` helper it names, each with its first line number and
+    the globals it reads (constants, triton.language, the helpers); nothing else of the process that defined
+    it. The grading judge launches a kernel this way so that what a notebook changed in its own process
+    (numpy, torch.Tensor, Triton's compiler) is not there when the kernel runs.
+
+    Returns:
+        ``{"kernel": NAME, "interpreted": bool, "functions": [{"name", "line", "source", "globals":
+        [[name, binding], ...]}, ...]}``, the kernel first (bindings: ``_binding``).
+
+    Raises:
+        what a launch raises for KERNEL (``_learner_kernel``): TritonUnavailable, TypeError (not a
+        @triton.jit function), KernelSourceError (the rule), ValueError; KernelSourceError when it
+        names more than ``KERNEL_DATA_LIMITS["functions"]`` functions.
+    """
+    interpreted = _learner_kernel(kernel, name)
+    functions: list[dict] = []
+    index: dict[int, int] = {}
+
+    def add(k) -> int:
+        if id(k) not in index:
+            if len(functions) >= KERNEL_DATA_LIMITS["functions"]:
+                raise KernelSourceError(f"{name} names more than {KERNEL_DATA_LIMITS['functions']} @triton.jit "
+                                        "functions; the exercise needs a few")
+            index[id(k)] = len(functions)
+            entry: dict = {}
+            functions.append(entry)
+            fn = k.fn
+            lines, first = inspect.getsourcelines(fn)
+            source = textwrap.dedent("".join(lines))
+            top = ast.parse(source).body[0]
+            local = {a.arg for a in top.args.posonlyargs + top.args.args + top.args.kwonlyargs}
+            local |= {n.id for s in top.body for n in ast.walk(s) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+            read = sorted({n.id for n in ast.walk(top) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - local)
+            bound = [[g, b] for g in read if g in fn.__globals__
+                     for b in [_binding(fn.__globals__[g], add)] if b is not None]
+            entry.update(name=fn.__name__, line=max(1, first), source=source, globals=bound)
+        return index[id(k)]
+
+    add(kernel)
+    return {"kernel": name, "interpreted": interpreted, "functions": functions}
+
+
+def rebuild_kernel(data, folder) -> object:
+    """Make in this process the ``@triton.jit`` kernel that DATA describes (``export_kernel``'s format): each
+    function's source is written to a file in FOLDER at its own line numbers (so the rule's messages name the
+    notebook's lines), run in a namespace holding only the globals DATA binds, and decorated with
+    ``@triton.jit`` here. DATA comes from the learner's process, which could send anything: its form is
+    checked before any of it runs, and only a definition with at most ``@triton.jit`` as decorator,
+    ``tl.constexpr`` (or a string) as annotations and no defaults runs (what a definition evaluates);
+    launching the result applies the whole rule again (``_check_kernel_source``).
+
+    Returns:
+        the kernel, built for Triton's interpreter when DATA says the learner's was.
+
+    Raises:
+        TritonUnavailable: triton does not import here.
+        KernelSourceError: DATA is not a kernel as ``export_kernel`` writes one (the message says what).
+    """
+    import os
+    from pathlib import Path
+
+    if isinstance(triton, _MissingTriton):
+        raise TritonUnavailable(NEEDS_TRITON)
+
+    def bad(what: str):
+        raise KernelSourceError(f"the kernel sent for grading is not one the course can rebuild: {what}")
+
+    def form(value, kind: type, what: str):
+        if type(value) is not kind:
+            bad(f"{what} is a {type(value).__name__}, not a {kind.__name__}")
+        return value
+
+    limits = KERNEL_DATA_LIMITS
+    form(data, dict, "the data")
+    if set(data) != {"kernel", "interpreted", "functions"}:
+        bad(f"its fields are {sorted(map(str, data))[:8]}")
+    form(data["kernel"], str, "kernel")
+    interpreted = form(data["interpreted"], bool, "interpreted")
+    functions = form(data["functions"], list, "functions")
+    if not 1 <= len(functions) <= limits["functions"]:
+        bad(f"{len(functions)} functions")
+
+    def resolve(binding, depth: int = 0):
+        """The object a binding names; ("function", i) for another function (bound once all are built)."""
+        form(binding, dict, "a binding")
+        if len(binding) != 1:
+            bad("a binding with other than one field")
+        (kind, value), = binding.items()
+        if kind == "constant":
+            if value is not None and type(value) not in (int, float, bool, str):
+                bad(f"a constant of type {type(value).__name__}")
+            if type(value) is str and len(value) > limits["string"]:
+                bad("a string constant over the limit")
+            return value
+        if kind == "module" and type(value) is str and value in _LANGUAGE:
+            return _LANGUAGE[value][0]
+        if kind == "member" and type(value) is list and len(value) == 2 and value[0] in _LANGUAGE \
+                and type(value[1]) is str and value[1] in _LANGUAGE[value[0]][1]:
+            return _LANGUAGE[value[0]][1][value[1]]
+        if kind == "function" and type(value) is int and 0 <= value < len(functions):
+            return ("function", value)
+        if kind == "constexpr" and depth == 0:
+            inner = resolve(value, 1)
+            if type(inner) is tuple:
+                bad("a constexpr holding a function")
+            return tl.constexpr(inner)
+        bad(f"a binding {kind!r} to {str(value)[:80]!r}")
+
+    folder = Path(folder)
+    built, namespaces, deferred = [], [], []
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if interpreted else "0"    # what @triton.jit reads when it runs
+    try:
+        for i, entry in enumerate(functions):
+            form(entry, dict, f"function {i}")
+            if set(entry) != {"name", "line", "source", "globals"}:
+                bad(f"function {i} has the fields {sorted(map(str, entry))[:8]}")
+            fn_name, line = form(entry["name"], str, "a name"), form(entry["line"], int, "a line")
+            source, bindings = form(entry["source"], str, "a source"), form(entry["globals"], list, "globals")
+            if not fn_name.isidentifier() or not 1 <= line <= limits["line"] or len(source) > limits["source"] \
+                    or len(bindings) > limits["globals"]:
+                bad(f"function {i}'s name, first line, source or globals are out of range")
+            try:
+                tree = ast.parse(source)
+            except (SyntaxError, ValueError) as exc:
+                bad(f"function {i}'s source does not parse ({exc})")
+            top = tree.body[0] if len(tree.body) == 1 else None
+            if not isinstance(top, ast.FunctionDef) or top.name != fn_name:
+                bad(f"function {i}'s source is not exactly the definition of {fn_name}")
+            decorators = [ast.unparse(d) for d in top.decorator_list]
+            annotations = [a.annotation for a in top.args.posonlyargs + top.args.args + top.args.kwonlyargs
+                           if a.annotation is not None]
+            if decorators not in ([], ["triton.jit"]) or top.returns is not None or top.args.defaults \
+                    or any(d is not None for d in top.args.kw_defaults) or top.args.vararg or top.args.kwarg \
+                    or any(not (isinstance(a, ast.Constant) and type(a.value) is str)
+                           and ast.unparse(a) not in ("tl.constexpr", "triton.language.constexpr") for a in annotations):
+                bad(f"{fn_name}'s definition has decorators, annotations or defaults a kernel's may not have")
+            namespace = {"__name__": f"learner_kernel_{i}", "__builtins__": builtins}
+            for pair in bindings:
+                if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not str or not pair[0].isidentifier():
+                    bad(f"a global of {fn_name} is not a [name, binding] pair")
+                value = resolve(pair[1])
+                if type(value) is tuple:
+                    deferred.append((namespace, pair[0], value[1]))
+                else:
+                    namespace[pair[0]] = value
+            roots = {ast.unparse(n).split(".")[0] for n in [*top.decorator_list, *annotations]
+                     if not isinstance(n, ast.Constant)}
+            if any(not _language_module(namespace.get(r)) for r in roots) or \
+                    (decorators and namespace.get("triton") is not _LANGUAGE["triton"][0]):
+                bad(f"{fn_name}'s decorator or annotations name something other than triton and triton.language")
+            path = folder / f"kernel_{i}.py"
+            path.write_text("\n" * (line - 1) + source)
+            try:
+                exec(compile(ast.increment_lineno(tree, line - 1), str(path), "exec"), namespace)
+            except Exception as exc:        # an annotation naming what the module lacks, say
+                bad(f"{fn_name}'s definition raised {type(exc).__name__}: {_message(exc)[:200]}")
+            made = namespace[fn_name]
+            kernel = made if decorators else triton.jit(made)
+            namespace[fn_name] = kernel
+            built.append(kernel)
+            namespaces.append(namespace)
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+    for namespace, global_name, j in deferred:
+        namespace[global_name] = built[j]
+    return built[0]
 
 
 # -- guarded buffers ------------------------------------------------------------------------------
@@ -1151,8 +1367,9 @@ def launcher(kernel, exercise: str) -> Callable:
     ``launcher(gemv_kernel, "gemv")(W, x, block_m=4, block_n=16)`` returns ``(y, report)``.
 
     The grading judge passes the checkers a stand-in for the learner's kernel whose calls already
-    launch it through the same launcher in the learner's process (its ``launches`` attribute names
-    the exercise); such a stand-in is returned as it is.
+    launch it through the same launcher, in a process of the judge's own that rebuilt the kernel from
+    its source (``export_kernel``, ``rebuild_kernel``; its ``launches`` attribute names the exercise);
+    such a stand-in is returned as it is.
 
     Raises:
         KeyError: EXERCISE is not a kernel exercise.
