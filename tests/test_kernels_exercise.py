@@ -798,6 +798,8 @@ _NOT_A_KERNEL = {
                   "defaults"),
     "tl bound to os": (lambda d: _edited(d, bind={"tl": {"module": "os"}}), "binding 'module'"),
     "a member of os": (lambda d: _edited(d, bind={"sys": {"member": ["os", "system"]}}), "binding 'member'"),
+    "triton.language.core's import of builtins": (
+        lambda d: _edited(d, bind={"o": {"member": ["triton.language.core", "builtins"]}}), "binding 'member'"),
     "a dict constant": (lambda d: _edited(d, bind={"C": {"constant": {"a": 1}}}), "constant of type dict"),
     "a constexpr holding a function": (lambda d: _edited(d, bind={"C": {"constexpr": {"function": 0}}}), "constexpr holding"),
     "a function past the list": (lambda d: _edited(d, bind={"_tile": {"function": 7}}), "binding 'function'"),

@@ -609,7 +609,9 @@ def rebuild_kernel(data, folder) -> object:
             return _LANGUAGE[value][0]
         if kind == "member" and type(value) is list and len(value) == 2 and value[0] in _LANGUAGE \
                 and type(value[1]) is str and value[1] in _LANGUAGE[value[0]][1]:
-            return _LANGUAGE[value[0]][1][value[1]]
+            member = _LANGUAGE[value[0]][1][value[1]]
+            if type(member) in _DTYPE_TYPES or is_triton_kernel(member):     # what a kernel may name of them
+                return member
         if kind == "function" and type(value) is int and 0 <= value < len(functions):
             return ("function", value)
         if kind == "constexpr" and depth == 0:
