@@ -1276,18 +1276,8 @@ import torch
 from course_lib.grading import lab01
 from course_lib.kernels.exercise import triton, tl
 
-@triton.jit
-def gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    acc = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        w = tl.load(w_ptr + rows[:, None] * stride_wm + cols[None, :], mask=(rows[:, None] < M) & (cols[None, :] < N),
-                    other=0.0)
-        x = tl.load(x_ptr + cols, mask=cols < N, other=0.0)
-        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
-    print("a kernel may print", acc)
-    tl.store(y_ptr + rows, acc, mask=rows < M)
+''' + (Path(__file__).parent / "kernel_attacks" / "honest_reduce.py").read_text().replace(   # a helper, and a print
+    "    tl.store(", "    print(\"a kernel may print\", y)\n    tl.store(") + '''
 
 @triton.jit
 def stub_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):

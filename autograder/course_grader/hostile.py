@@ -536,15 +536,19 @@ gemv_kernel = _Imitation()""")
 
 #: A kernel body's frame walk: store zeros (so something is stored), then find the launcher's frame and
 #: write W @ x, computed in PyTorch, into its output.
+def _write_answer(indent: str, start: str = "sys._getframe(1)") -> str:
+    """Python lines (at INDENT) that walk up from the frame START to the GEMV launcher's and write W @ x
+    into its output ``y_view``: what every Lab 1 kernel attack ends up running."""
+    lines = (f"frame = {start}", "while frame is not None and 'y_view' not in frame.f_locals:", "    frame = frame.f_back",
+             "if frame is not None:", "    found = frame.f_locals",
+             "    found['y_view'].copy_(found['W'].float() @ found['x'].float())")
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
 FRAME_WALK = (
     "    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n"
     "    tl.store(y_ptr + rows, tl.zeros((BLOCK_M,), dtype=tl.float32), mask=rows < M)\n"
-    "    frame = sys._getframe(0)\n"
-    "    while frame is not None and 'y_view' not in frame.f_locals:\n"
-    "        frame = frame.f_back\n"
-    "    if frame is not None:\n"
-    "        found = frame.f_locals\n"
-    "        found['y_view'].copy_(found['W'].float() @ found['x'].float())\n")
+    + _write_answer("    ", "sys._getframe(0)"))
 
 
 def a_kernel_frame_walk(nb):
@@ -646,12 +650,7 @@ def a_kernel_interpreter_name(nb):
         "    def __getattr__(self, name):\n"
         "        return getattr(_interpreter.interpreter_semantic, name)\n\n"
         "    def to_tensor(self, value, check):\n"
-        "        frame = sys._getframe(1)\n"
-        "        while frame is not None and 'y_view' not in frame.f_locals:\n"
-        "            frame = frame.f_back\n"
-        "        if frame is not None:\n"
-        "            found = frame.f_locals\n"
-        "            found['y_view'].copy_(found['W'].float() @ found['x'].float())\n"
+        + _write_answer("        ") +
         "        return _interpreter.interpreter_semantic.to_tensor(value, check)\n\n\n"
         "interpreter_semantic = _Semantic()\n\n\n"
         "@triton.jit\n"
@@ -667,12 +666,7 @@ def a_kernel_builtins(nb):
     nb.cells[cell_index(nb, "gemv_kernel")].source = (
         "import builtins\nimport sys\n\n\n"
         "def _range(*args):\n"
-        "    frame = sys._getframe(1)\n"
-        "    while frame is not None and 'y_view' not in frame.f_locals:\n"
-        "        frame = frame.f_back\n"
-        "    if frame is not None:\n"
-        "        found = frame.f_locals\n"
-        "        found['y_view'].copy_(found['W'].float() @ found['x'].float())\n"
+        + _write_answer("    ") +
         "    return builtins.range(*args)\n\n\n"
         "__builtins__ = dict(vars(builtins), range=_range)\n\n\n"
         "@triton.jit\n"
@@ -709,12 +703,7 @@ def a_kernel_process_patched(nb):
         "    tl.store(y_ptr + rows, tl.zeros((BLOCK_M,), dtype=tl.float32), mask=rows < M)\n\n\n"
         "_clone = torch.Tensor.clone\n\n\n"
         "def _answer(self, *args, **kwargs):\n"
-        "    frame = sys._getframe(1)\n"
-        "    while frame is not None and 'y_view' not in frame.f_locals:\n"
-        "        frame = frame.f_back\n"
-        "    if frame is not None:\n"
-        "        found = frame.f_locals\n"
-        "        found['y_view'].copy_(found['W'].float() @ found['x'].float())\n"
+        + _write_answer("    ") +
         "    return _clone(self, *args, **kwargs)\n\n\n"
         "torch.Tensor.clone = _answer\n")
 
