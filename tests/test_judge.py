@@ -1324,5 +1324,10 @@ def test_a_kernel_exercise_is_launched_in_a_process_the_notebook_cannot_change(t
         assert kernel.session.runner.started == 2
         verdict = kernel.judge("lab01.check_gemv_kernel(_answer)")       # refused where it was defined, as before
         assert verdict["status"] == "failed" and "must be a function decorated with @triton.jit" in verdict["message"]
+        # a forged export that answers in the launch's place (what a launch returns, with no launch)
+        kernel.run("from course_grader import remote as _r\n"
+                   "_r.answer_export = lambda ns, request: {'op': 'returned', 'value': 1.0}")
+        verdict = kernel.judge("lab01.check_gemv_kernel(gemv_kernel)")
+        assert verdict["status"] == "error" and "answered the export of gemv_kernel with 'returned'" in verdict["message"]
     finally:
         kernel.close()

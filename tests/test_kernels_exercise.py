@@ -840,3 +840,31 @@ def test_forged_data_meets_the_kernel_rule_again_at_the_notebooks_line(tmp_path)
     line = entry["line"] + next(i for i, t in enumerate(entry["source"].splitlines()) if "tl.store(" in t)
     with pytest.raises(KernelSourceError, match=rf"gemv_kernel, line {line}: `.zeros` is not an attribute of a Triton value"):
         launcher(rebuild_kernel(forged, tmp_path), "gemv")(torch.ones(4, 8), torch.ones(8), block_m=4, block_n=8)
+
+
+def test_a_kernel_that_calls_or_copies_course_libs_kernel_scores_nothing(tmp_path):
+    """course_lib's own kernels (``_gemv_kernel``, ...) called as a helper, or their source sent as a helper's:
+    the first passed every check before, the second is what forged data would send (its module is gone)."""
+    import ast
+    import textwrap
+
+    from course_lib.kernels import gemv
+    from course_lib.kernels.exercise import KernelSourceError, rebuild_kernel
+
+    path = tmp_path / "calls_course.py"
+    path.write_text("import triton\nimport triton.language as tl\nfrom course_lib.kernels.gemv import _gemv_kernel\n\n\n"
+                    "@triton.jit\ndef gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, "
+                    "BLOCK_N: tl.constexpr):\n    _gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, 1, 1, BLOCK_M, BLOCK_N)\n")
+    calls = _import_interpreted("kernel_calls_course", str(path)).gemv_kernel
+    with pytest.raises(ContractError, match=r"gemv_kernel -> _gemv_kernel is course_lib's kernel "
+                                            r"course_lib\.kernels\.gemv\._gemv_kernel; the exercise asks for your own"):
+        lab01.check_gemv_kernel(calls)
+    _, data = _exported_honest()
+    text = open(gemv.__file__).read()          # the course's kernel as its file has it (a learner can read it)
+    course = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == "_gemv_kernel")
+    lines = text.splitlines(keepends=True)[course.decorator_list[0].lineno - 1:course.end_lineno]
+    pasted = _edited(data, 1, name=course.name, line=course.decorator_list[0].lineno,
+                     source=lambda _: textwrap.dedent("".join(lines)))
+    with pytest.raises(KernelSourceError, match=r"gemv_kernel -> _tile is course_lib's kernel course_lib\.kernels\.gemv\._gemv_kernel "
+                                                r"\(a copy of its source\)"):
+        launcher(rebuild_kernel(pasted, tmp_path), "gemv")(torch.ones(4, 8), torch.ones(8), block_m=4, block_n=8)

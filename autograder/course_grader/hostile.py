@@ -708,6 +708,16 @@ def a_kernel_process_patched(nb):
         "torch.Tensor.clone = _answer\n")
 
 
+def a_kernel_course_helper(nb):
+    """A kernel whose body only calls course_lib's own GEMV kernel as a @triton.jit helper (the launcher refuses
+    course_lib's kernels, and copies of their source, wherever the kernel reaches them)."""
+    nb.cells[cell_index(nb, "gemv_kernel")].source = (
+        "from course_lib.kernels.gemv import _gemv_kernel\n\n\n"
+        "@triton.jit\n"
+        "def gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n"
+        "    _gemv_kernel(w_ptr, x_ptr, y_ptr, M, N, stride_wm, 1, 1, BLOCK_M, BLOCK_N)\n")
+
+
 def a_kernel_out_of_bounds(nb):
     replace_in(nb, "gemv_kernel", KERNEL_BODY, KERNEL_BODY + "    tl.load(w_ptr + (1 << 40) + tl.arange(0, BLOCK_N))\n")
 
@@ -759,6 +769,7 @@ HOSTILE_L1 = {
     "kernel_builtins": a_kernel_builtins,
     "kernel_pre_run_hook": a_kernel_pre_run_hook,
     "kernel_process_patched": a_kernel_process_patched,
+    "kernel_course_helper": a_kernel_course_helper,
     "builtins_replaced": a_builtins_replaced_l1,
     "gigabyte_output": _in_gemm("    if not getattr(gemm_intensity, 'shouted', False):\n"
                                 "        gemm_intensity.shouted = True\n"

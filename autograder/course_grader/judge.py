@@ -56,7 +56,7 @@ from typing import Any, Callable
 
 from traitlets import Enum, Float, Integer, Unicode
 
-from .kernel_runner import KernelRunner
+from .kernel_runner import MAX_KERNEL_CHARS, KernelRunner, RunnerDied, RunnerError, RunnerTimeout
 from .preprocessors import hidden_regions, redact
 from .sandbox import Sandbox, SandboxExecute, SandboxLimits, add_error, blocking, breach_message, protocol_breach, replace_execute_step
 from .text import encodable_tree, parse_python
@@ -503,11 +503,16 @@ class KernelSession:
         CallTimeout (the export was too slow), LearnerFault (the launch was too slow: the runner is
         stopped, not the learner's kernel; or the launch ended the runner), JudgeError (the runner
         would not start)."""
-        from .kernel_runner import RunnerDied, RunnerError, RunnerTimeout
-
         exported = self._exchange({"op": "export", "fn": name}, deadline, name)
-        if exported.get("op") != "exported":     # refused (or missing): no launch ran, so no reference ran
-            return {**exported, **({"reached": [], "observed": True} if request.get("watch") else {})}
+        op = exported.get("op")
+        if op in ("raised", "missing"):     # refused (or missing): no launch ran, so no reference ran either
+            answer = {"op": op} if op == "missing" else {"op": op, "type": exported.get("type"),
+                                                         "message": exported.get("message")}
+            return {**answer, **({"reached": [], "observed": True} if request.get("watch") else {})}
+        if op != "exported":      # only the runner's launch answers a kernel exercise's call
+            raise ProtocolError(f"the kernel answered the export of {name} with {str(op)[:40]!r}")
+        if len(remote.dumps(exported.get("kernel"))) > MAX_KERNEL_CHARS:
+            raise LearnerFault(f"{name}: the kernel's source and its helpers' are over {MAX_KERNEL_CHARS:,} characters")
         try:
             return self.runner.call({**request, "kernel": exported.get("kernel")}, deadline)
         except RunnerTimeout:

@@ -40,7 +40,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["RunnerError", "RunnerTimeout", "RunnerDied", "KernelRunner", "main"]
+__all__ = ["RunnerError", "RunnerTimeout", "RunnerDied", "KernelRunner", "main", "MAX_KERNEL_CHARS"]
+
+#: The most characters of an exported kernel (its sources and globals as JSON) the judge sends on: what
+#: ``course_lib.kernels.exercise.KERNEL_DATA_LIMITS`` allows, with room to spare.
+MAX_KERNEL_CHARS = 1 << 22
 
 
 class RunnerError(RuntimeError):
@@ -80,6 +84,8 @@ def main() -> int:
         line = stdin.readline(remote.LIMITS.max_message + 1)
         if not line:
             return 0
+        if not line.endswith(b"\n"):       # over the limit: the rest of it would read as another request
+            return 1
         try:
             request = remote.loads(line.decode("utf-8"))
         except (remote.RemoteDataError, UnicodeDecodeError) as exc:

@@ -375,6 +375,42 @@ def _check_kernel_object(kernel, fn, top: ast.FunctionDef, name: str, line0: int
                    "function or rewriter swapped, a pre-run hook or keyword arguments added)")
 
 
+def _shape(top: ast.FunctionDef) -> str:
+    """A definition's structure, for spotting a copy of one of course_lib's kernels: its names (the function's,
+    its parameters', its locals' and globals') renamed in order of first appearance, without its decorators,
+    annotations and docstring; attributes (``tl.load``) and constants kept."""
+    import copy
+
+    tree = copy.deepcopy(top)
+    tree.decorator_list, tree.returns, tree.name = [], None, "f"
+    first = tree.body[0] if tree.body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and type(first.value.value) is str:
+        tree.body = tree.body[1:]
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg):
+            node.annotation, node.arg = None, names.setdefault(node.arg, f"n{len(names)}")
+        elif isinstance(node, ast.Name):
+            node.id = names.setdefault(node.id, f"n{len(names)}")
+    return ast.dump(tree, include_attributes=False)
+
+
+@functools.cache
+def _course_kernels() -> dict[str, str]:
+    """The structure (``_shape``) of each of course_lib's own ``@triton.jit`` kernels -> its qualified name."""
+    import importlib
+
+    found = {}
+    for module_name in ("course_lib.kernels.gemv", "course_lib.kernels.w4a16", "course_lib.kernels.paged_attention",
+                        "course_lib.kernels.batch_invariant.triton_ops", __name__):
+        for value in vars(importlib.import_module(module_name)).values():
+            fn = getattr(value, "fn", None)
+            if type(value) in _kernel_types() and isinstance(fn, FunctionType) and fn.__module__.startswith("course_lib"):
+                top = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+                found[_shape(top)] = f"{fn.__module__}.{fn.__qualname__}"
+    return found
+
+
 def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
     """Refuse a kernel whose body uses what Triton's compiler would refuse (module docstring): only its
     arguments and locals, triton / triton.language, constants, other ``@triton.jit`` functions and
@@ -413,6 +449,11 @@ def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
                                 "source line that starts that way"
                                 + (f", and here it would run line {fn.__code__.co_firstlineno + defs[-1]} instead" if defs else ""))
     line0 = fn.__code__.co_firstlineno - 1
+    own = str(getattr(fn, "__module__", "") or "").startswith("course_lib")
+    copied = None if own else _course_kernels().get(_shape(top))
+    if own or copied is not None:
+        raise KernelSourceError(f"{name} is course_lib's kernel {copied or fn.__module__ + '.' + fn.__qualname__}"
+                                f"{' (a copy of its source)' if copied else ''}; the exercise asks for your own")
     _check_kernel_object(kernel, fn, top, name, line0)
     local = {a.arg for a in top.args.args + top.args.kwonlyargs + top.args.posonlyargs}
     body = [node for statement in top.body for node in ast.walk(statement)]      # what runs at launch
