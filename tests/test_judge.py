@@ -35,6 +35,7 @@ from course_lib.grading.lab02 import check_generation
 from course_lib.grading.lab03 import normalise_plan as _normalise_plan
 from course_lib.grading.tables import Contract, Probe
 from course_lib.hardware import REFERENCE_DEVICES
+from course_lib.kernels.exercise import NOT_MEASURED
 from course_lib.models.config import ModelConfig, toy_config
 from course_lib.models.decoder import Decoder
 from course_lib.scheduling import Deployment, Request, RequestRecord, StepPlan
@@ -1316,8 +1317,9 @@ def test_a_kernel_exercise_is_launched_in_a_process_the_notebook_cannot_change(t
         assert kernel.run("lab01.check_gemv_kernel(stub_kernel)")["status"] == "ok"     # the attack works in place
         verdict = kernel.judge("lab01.check_gemv_kernel(stub_kernel)")
         assert verdict["status"] == "failed" and "y[0] = 0, expected" in verdict["message"], verdict
-        assert kernel.judge("lab01.check_gemv_kernel(gemv_kernel)")["status"] == "passed"
-        assert kernel.session.runner.started == 1
+        verdict = kernel.judge("lab01.check_gemv_kernel(gemv_kernel)")
+        assert verdict["status"] == "passed" and kernel.session.runner.started == 1
+        assert verdict["speed"] == {"measured": False, "text": NOT_MEASURED}       # the interpreter: no speed
         verdict = kernel.judge("lab01.check_gemv_kernel(endless_kernel)", call_timeout=8.0)
         assert verdict["status"] == "failed" and "did not return within the time limit" in verdict["message"], verdict
         assert kernel.judge("lab01.check_gemv_kernel(gemv_kernel)")["status"] == "passed"
@@ -1331,3 +1333,16 @@ def test_a_kernel_exercise_is_launched_in_a_process_the_notebook_cannot_change(t
         assert verdict["status"] == "error" and "answered the export of gemv_kernel with 'returned'" in verdict["message"]
     finally:
         kernel.close()
+
+
+def test_kernel_speed_is_the_largest_timed_launch_against_the_measured_bandwidth_or_not_measured():
+    assert judge.kernel_speed([]) is None
+    interpreted = {"mode": "interpreter", "bytes": 4096, "seconds": None, "bandwidth_gbps": None}
+    assert judge.kernel_speed([interpreted] * 3) == {"measured": False, "text": NOT_MEASURED}
+    timed = [{"mode": "compiled", "bytes": 10 ** 9, "seconds": 0.004, "bandwidth_gbps": 3000.0},
+             {"mode": "compiled", "bytes": 10 ** 6, "seconds": 1e-5, "bandwidth_gbps": 3000.0}]
+    speed = judge.kernel_speed(timed)
+    assert speed["measured"] and speed["gbps"] == 250.0 and speed["bytes"] == 10 ** 9
+    assert speed["text"].startswith("250 GB/s, 8% of the 3000 GB/s measured")
+    for bad in ("fast", float("nan"), -1.0, 0, True):     # what a report that is not a measurement holds
+        assert judge.kernel_speed([dict(timed[0], seconds=bad)])["measured"] is False

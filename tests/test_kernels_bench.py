@@ -170,7 +170,7 @@ def test_the_gemv_bench_still_runs_without_a_gpu(capsys):
 
 def test_measure_defaults_time_on_cuda():
     """The stand-in timer and CPU tensors are for tests: by default every measure_* generator builds its
-    tensors on CUDA and times with CUDA events (timer None -> bench_gemv.median_ms)."""
+    tensors on CUDA and times with CUDA events (timer None -> timing.median_ms)."""
     import inspect
 
     for fn in (measure_gemv, measure_w4a16, measure_paged_attention, measure_batch_invariant):

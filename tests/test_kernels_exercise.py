@@ -868,3 +868,23 @@ def test_a_kernel_that_calls_or_copies_course_libs_kernel_scores_nothing(tmp_pat
     with pytest.raises(KernelSourceError, match=r"gemv_kernel -> _tile is course_lib's kernel course_lib\.kernels\.gemv\._gemv_kernel "
                                                 r"\(a copy of its source\)"):
         launcher(rebuild_kernel(pasted, tmp_path), "gemv")(torch.ones(4, 8), torch.ones(8), block_m=4, block_n=8)
+
+
+def test_a_timed_launch_leaves_the_outputs_as_the_checked_launch_wrote_them(monkeypatch):
+    """On a GPU the launcher times the kernel by launching it again: a kernel that accumulates into its output
+    would change it, so the timing puts the checked output back (median_ms stands in for CUDA events here)."""
+    from course_lib.kernels import timing
+    from course_lib.kernels.exercise import SPEED_REPEATS, SPEED_WARMUP, time_launch
+
+    y = torch.zeros(4)
+    calls = []
+
+    def median_ms(fn, warmup, repeats):
+        calls.append((warmup, repeats))
+        for _ in range(warmup + repeats):
+            fn()
+        return 0.5
+
+    monkeypatch.setattr(timing, "median_ms", median_ms)
+    seconds = time_launch(lambda: y.add_(1.0), {"y": (y, y)})
+    assert seconds == 0.0005 and calls == [(SPEED_WARMUP, SPEED_REPEATS)] and y.tolist() == [0.0] * 4

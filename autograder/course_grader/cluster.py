@@ -41,7 +41,7 @@ from .paths import BASE_CONFIG, REPO_ROOT
 
 #: Submission fields a worker fills in; the driver copies exactly these back (the rest is its own).
 RESULT_FIELDS = ("error", "score", "max_score", "cells", "comments", "graded", "timestamp", "reuse", "judge_flags",
-                 "seconds")
+                 "seconds", "speeds")
 #: Installed packages whose versions can change a grade (nbgrader's pipeline; the numerics of the
 #: reference model and of the learner's code).
 PACKAGES = ("nbgrader", "torch", "numpy", "transformers")

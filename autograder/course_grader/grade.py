@@ -105,6 +105,7 @@ class Submission:
     skipped: list[str] = field(default_factory=list)  # symlinks and special files left out of the copy
     reuse: list[str] = field(default_factory=list)  # reference reuse, code that may hide it (provenance.flag_notes)
     graded_on: str = ""  # the cluster worker's host that graded it ("" on this machine)
+    speeds: dict[str, str] = field(default_factory=dict)  # kernel cells' speed, by grade_id (judge.kernel_speed)
 
 
 # Command line
@@ -732,6 +733,8 @@ def autograde_shard(row: Submission, course_id: str, env: dict[str, str], timeou
         return
     records = judge.read_verdicts(shard / "autograded" / row.learner / row.lab, row.learner, row.lab)
     row.reuse = provenance.flag_notes(records)
+    row.speeds = {str(c["grade_id"]): printable(str(c["speed"].get("text", "")))[:200] for record in records
+                  for c in record["cells"] if isinstance(c, dict) and isinstance(c.get("speed"), dict)}
     for verdicts in (shard / "autograded" / row.learner / row.lab).glob("*" + judge.VERDICT_SUFFIX):
         verdicts.rename(shard / verdicts.name)  # generate_feedback copies the folder's other files
     row.judge_flags = judge.disagreements(records)
@@ -886,14 +889,16 @@ def flag_notes(row: Submission) -> list[str]:
 def cells_table(rows: list[Submission]) -> pd.DataFrame:
     """Per graded cell: `score` is nbgrader's auto_score (0 when it has none); `outcome` is
     "passed", or the cell's first error (``cell_outcomes``), or "failed" when it scored less
-    without one."""
+    without one; `speed`, for a kernel exercise, the judge's record of the kernel's speed (on a GPU its
+    achieved bandwidth; on a CPU that it was not measured), never part of the score."""
     records = []
     for r in sorted(rows, key=lambda r: (r.learner, r.lab)):
         for c in r.cells:
             score = 0.0 if c["auto_score"] is None else float(c["auto_score"])
             outcome = c.get("outcome", "") or ("passed" if score >= c["max_score"] else "failed")
-            records.append((printable(r.learner), printable(r.lab), c["cell"], score, c["max_score"], outcome))
-    return pd.DataFrame(records, columns=["learner", "lab", "cell", "score", "max_score", "outcome"])
+            records.append((printable(r.learner), printable(r.lab), c["cell"], score, c["max_score"], outcome,
+                            r.speeds.get(c["cell"], "")))
+    return pd.DataFrame(records, columns=["learner", "lab", "cell", "score", "max_score", "outcome", "speed"])
 
 
 def read_csv_text(path: Path) -> pd.DataFrame:

@@ -46,6 +46,7 @@ import functools
 import hashlib
 import importlib
 import json
+import math
 import os
 import re
 import sys
@@ -80,7 +81,7 @@ contracts = _Lazy("course_lib.grading.contracts")
 __all__ = ["HARNESS", "JudgeError", "KernelDied", "KernelWedged", "ProtocolError", "LearnerFault",
            "LearnerRaised", "CallTimeout", "KernelSession", "RemoteFunction", "CheckCall", "UnsupportedCell",
            "parse_test_cell", "judge_cell", "judge_seed", "derived_seed", "sha256_seed", "learner_exception",
-           "CourseJudge", "configure_nbgrader", "nbgrader_config_lines", "disagreements",
+           "CourseJudge", "configure_nbgrader", "kernel_speed", "nbgrader_config_lines", "disagreements",
            "read_verdicts", "VERDICT_SUFFIX"]
 
 #: Code the judge runs in the learner's kernel: names stay local to a function (learner globals such
@@ -201,6 +202,7 @@ class KernelSession:
         self.answered_after_end = False     # a second answer came (``_drain``): forged answers
         self.calls = self.callbacks = 0
         self.observations: list[tuple[str, tuple[str, ...], bool]] = []   # watched calls (provenance)
+        self.launches: list[dict] = []       # each kernel launch's speed fields (kernel_speed)
         self.runner = runner if runner is not None else KernelRunner()
         self._stdin, self._shell = client.stdin_channel, client.shell_channel
         self._poller = zmq.Poller()
@@ -493,8 +495,10 @@ class KernelSession:
             raise LearnerFault(f"{name}: your function changed its tensor {where} in place; a function must leave "
                                "the tensors it is given as they were: work on a copy (x.clone(), torch.cat, "
                                "torch.nn.functional.pad)")
-        return _outcome(name, answer, decoder)
-
+        result = _outcome(name, answer, decoder)
+        if launcher and type(result) is tuple and result and type(result[-1]) is dict:     # (outputs..., report)
+            self.launches.append({k: result[-1].get(k) for k in ("mode", "bytes", "seconds", "bandwidth_gbps")})
+        return result
 
     def _launch(self, name: str, request: dict, deadline: float) -> dict:
         """A kernel exercise's call: the learner's kernel exports ``name`` as data (``remote.answer_export``)
@@ -521,6 +525,31 @@ class KernelSession:
             raise LearnerFault(f"{name}: the launch of your kernel ended the process that ran it ({exc})") from None
         except RunnerError as exc:
             raise JudgeError(f"{name}: {exc}") from None
+
+
+def kernel_speed(launches: list[dict]) -> dict | None:
+    """What a graded cell's kernel launches (``KernelSession.launches``: each report's mode, bytes, seconds
+    and bandwidth_gbps) say of the kernel's speed, beside its score and never part of it: on a GPU the
+    achieved bandwidth (bytes / seconds) of the launch that moved the most bytes, against the device's
+    measured copy bandwidth; otherwise that it was not measured (``NOT_MEASURED``). None when the cell
+    launched no kernel."""
+    from course_lib.kernels.exercise import NOT_MEASURED, SPEED_REPEATS
+
+    if not launches:
+        return None
+
+    def number(value) -> bool:
+        return type(value) in (int, float) and math.isfinite(value) and value > 0
+
+    timed = [launch for launch in launches if all(number(launch.get(k)) for k in ("bytes", "seconds", "bandwidth_gbps"))]
+    if not timed:
+        return {"measured": False, "text": NOT_MEASURED}
+    largest = max(timed, key=lambda launch: launch["bytes"])
+    gbps, peak = largest["bytes"] / largest["seconds"] / 1e9, largest["bandwidth_gbps"]
+    return {"measured": True, "gbps": round(gbps, 1), "bandwidth_gbps": round(peak, 1), "bytes": largest["bytes"],
+            "seconds": largest["seconds"],
+            "text": f"{gbps:.0f} GB/s, {gbps / peak:.0%} of the {peak:.0f} GB/s measured (its largest case, the "
+                    f"median of {SPEED_REPEATS} launches)"}
 
 
 def _outcome(name: str, answer: dict, decoder) -> Any:
@@ -835,7 +864,8 @@ def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed:
     Returns a JSON-able dict: grade_id, status (passed / failed / error / unjudged), message (the
     first non-passing check's; redacted when that check is hidden), checks (one record per checker
     run: status, message, seconds, calls; like the cell, the rest are "skipped" after the first that
-    does not pass), kernel_only (statements not judged), seconds."""
+    does not pass), kernel_only (statements not judged), seconds and, when the cell launched a kernel,
+    speed (``kernel_speed``)."""
     start = time.monotonic()
     verdict: dict[str, Any] = {"grade_id": grade_id, "status": UNJUDGED, "message": "", "checks": [],
                                "kernel_only": 0, "seconds": 0.0}
@@ -848,6 +878,7 @@ def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed:
     plan = _plan(calls, seed, grade_id)
     verdict["checks"] = [record for _, _, record in plan]
     session.answered_after_end = False
+    launched = len(session.launches)
     cache: dict = {}
 
     def deadline() -> float:          # of the next call: its own timeout, within the cell's
@@ -870,6 +901,9 @@ def judge_cell(session: KernelSession, source: str, *, grade_id: str = "", seed:
     verdict["status"] = PASSED if worst is None else worst["status"]
     if worst is not None:
         verdict["message"] = f"{worst['checker']}{' (hidden test)' if worst['hidden'] else ''}: {worst['message']}"
+    speed = kernel_speed(session.launches[launched:])
+    if speed is not None:
+        verdict["speed"] = speed
     verdict["seconds"] = round(time.monotonic() - start, 4)
     return verdict
 

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .timing import measure_copy_bandwidth
+
 __all__ = ["Kernel", "KERNELS", "TARGETS", "COLUMNS", "table_rows", "format_table", "target_lines",
            "measure_copy_bandwidth", "main"]
 
@@ -151,19 +153,6 @@ def target_lines(rows, copy_gbps: float | None) -> list[str]:
         lines.append(f"target {name} >= {target:.0%} of the measured copy bandwidth: met at {met} of {len(fracs)} "
                      f"shapes (worst {lo:.1%} at {lo_shape}, best {hi:.1%} at {hi_shape})")
     return lines
-
-
-def measure_copy_bandwidth(nbytes: int = 2 ** 30, warmup: int = 10, repeats: int = 50, device: str = "cuda",
-                           timer=None) -> float:
-    """Measured memory bandwidth in GB/s: 2 * nbytes / the median time of ``dst.copy_(src)`` for two
-    ``nbytes`` buffers (each byte read once and written once), timed like the kernels
-    (``bench_gemv.median_ms`` unless ``timer``, ``timer(fn) -> milliseconds``, is given)."""
-    from .bench_gemv import median_ms
-
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    ms = timer(lambda: dst.copy_(src)) if timer is not None else median_ms(lambda: dst.copy_(src), warmup, repeats)
-    return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
 def _print_kernels(selected) -> None:

@@ -9,7 +9,7 @@ number of decode rows M: check ``batch_invariant.triton_ops.matmul`` against ``r
 (a shape that disagrees is reported and not timed), check bitwise whether the last row of the
 M-row product equals that row computed alone (for the Triton kernel and for cuBLAS), then time
 ``matmul(x, w)`` and ``torch.matmul(x, w.T)`` (warm-up, then the median of repeats timed with CUDA
-events, ``bench_gemv.median_ms``) and report
+events, ``timing.median_ms``) and report
 
     TFLOP/s = 2*M*N*K / median time
     GB/s    = bytes / median time, bytes = weight N*K*b + x M*K*b + y M*N*(4 for Triton's float32
@@ -110,7 +110,7 @@ def measure_batch_invariant(shapes, ms=(1, 8, 16), *, dtype: torch.dtype = torch
     Args:
         shapes: (N, K) pairs (out_features x in_features); ms: row counts M.
         dtype: torch.bfloat16 or torch.float32 inputs.
-        warmup, repeats: passed to ``bench_gemv.median_ms``.
+        warmup, repeats: passed to ``timing.median_ms``.
         device: where the tensors live ("cuda" for a measurement).
         timer: ``timer(fn) -> milliseconds``; default ``median_ms(fn, warmup, repeats)`` (CUDA events).
             Tests pass a stand-in to check the plumbing on a CPU; its numbers are not measurements.
@@ -124,7 +124,7 @@ def measure_batch_invariant(shapes, ms=(1, 8, 16), *, dtype: torch.dtype = torch
         the reason in note and ms None (not timed).
     """
     from .batch_invariant import triton_ops as t
-    from .bench_gemv import median_ms
+    from .timing import median_ms
 
     if timer is None:
         def timer(fn):

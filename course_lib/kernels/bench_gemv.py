@@ -19,10 +19,11 @@ TRITON_INTERPRET=1) and exits 0.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import torch
+
+from .timing import median_ms
 
 # Vendor HBM bandwidth in GB/s (decimal), longest key first so "H100 PCIe" wins over "H100".
 PEAK_GBPS_BY_NAME = {
@@ -43,23 +44,6 @@ def peak_gbps_for(device_name: str) -> float | None:
         if key.lower() in device_name.lower():
             return PEAK_GBPS_BY_NAME[key]
     return None
-
-
-def median_ms(fn, warmup: int, repeats: int) -> float:
-    """Median wall time of ``fn()`` on the current CUDA device, in milliseconds: ``warmup`` untimed
-    calls, then ``repeats`` calls each timed with CUDA events (shared by the kernel benchmarks)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _parse_shapes(text: str) -> list[tuple[int, int]]:

@@ -10,7 +10,7 @@ order (the physical blocks of a sequence are neither consecutive nor sorted, as 
 churned), check ``paged_decode_kernel_unchecked`` against ``reference_paged_decode_attention`` (a
 shape that disagrees is reported and not timed), then time the kernel and the PyTorch path
 (``paged_decode_attention_unchecked``: gather the blocks, then PyTorch's fused attention) with
-warm-up and the median of repeats timed with CUDA events (``bench_gemv.median_ms``), and report
+warm-up and the median of repeats timed with CUDA events (``timing.median_ms``), and report
 
     achieved GB/s = bytes / median time
     bytes = 2 * B * L * Hkv * D * e (K and V, read once) + 2 * B * Hq * D * e (q in, output out)
@@ -69,7 +69,7 @@ def measure_paged_attention(batches=DEFAULT_BATCHES, contexts=DEFAULT_CONTEXTS, 
         batches, contexts: batch sizes B and context lengths L; heads: (Hq, Hkv, D) triples.
         block_size: positions per KV block (the engine's 16). dtype: float32, bfloat16 or float16.
         block_n, num_splits, num_warps: the kernel's launch options (its defaults when None).
-        warmup, repeats: passed to ``bench_gemv.median_ms``.
+        warmup, repeats: passed to ``timing.median_ms``.
         device: where the tensors live ("cuda" for a measurement).
         timer: ``timer(fn) -> milliseconds``; default ``median_ms(fn, warmup, repeats)`` (CUDA events).
             Tests pass a stand-in to check the plumbing on a CPU; its numbers are not measurements.
@@ -83,7 +83,7 @@ def measure_paged_attention(batches=DEFAULT_BATCHES, contexts=DEFAULT_CONTEXTS, 
         in note and ms None (not timed).
     """
     from . import triton_mode
-    from .bench_gemv import median_ms
+    from .timing import median_ms
     from .paged_attention import (
         KERNEL_INTERPRETED,
         decode_attention_bytes,

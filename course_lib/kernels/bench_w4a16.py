@@ -73,7 +73,7 @@ def measure_w4a16(shapes, ms=(1, 16), *, group_size: int = 128, zero_point: bool
         shapes: (N, K) pairs (out_features x in_features); ms: activation row counts M.
         group_size, zero_point: the int4 format (signed codes, or unsigned ones with zero points).
         blocks: ``w4a16_matmul``'s block_m / block_n / block_k / num_warps (the module defaults when None).
-        warmup, repeats: passed to ``bench_gemv.median_ms``.
+        warmup, repeats: passed to ``timing.median_ms``.
         device: where the tensors live ("cuda" for a measurement).
         timer: ``timer(fn) -> milliseconds``; default ``median_ms(fn, warmup, repeats)`` (CUDA events).
             Tests pass a stand-in to check the plumbing on a CPU; its numbers are not measurements.
@@ -86,7 +86,7 @@ def measure_w4a16(shapes, ms=(1, 16), *, group_size: int = 128, zero_point: bool
         above 1e-4), one row with the reason in note and ms None (not timed).
     """
     from ..quant.packing import pack_int4
-    from .bench_gemv import median_ms
+    from .timing import median_ms
     from .w4a16 import DEFAULT_BLOCK_K, DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, reference_w4a16, w4a16_matmul
 
     blocks = dict(blocks or {})

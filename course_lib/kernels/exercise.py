@@ -32,7 +32,11 @@ addresses, so a row stride the kernel got wrong shows), ``guard_writes``
 raised), ``compiled`` and ``compile_error``: after an interpreted launch that raised nothing and
 strayed nowhere, whether Triton's compiler also builds the kernel for a GPU (``COMPILE_TARGET``; no
 GPU needed) and, when it refuses, its message; ``compiled`` is None where that was not tried (a
-compiled launch, or a compiler that cannot run here).
+compiled launch, or a compiler that cannot run here); ``bytes`` (the least the launch must move: each
+element it needs read once, each output written once), ``seconds`` and ``bandwidth_gbps``: on a GPU
+(a compiled launch) the median time of ``SPEED_REPEATS`` launches after ``SPEED_WARMUP`` (CUDA events)
+and the device's measured copy bandwidth, so ``bytes / seconds`` is the achieved bandwidth; None under
+the interpreter, where a time would say nothing about the kernel (``NOT_MEASURED``). No score uses them.
 
 For grading, :func:`export_kernel` turns a learner's kernel into plain data (its source, its helpers'
 and the constants they read) and :func:`rebuild_kernel` makes it again in another process, which the
@@ -72,7 +76,7 @@ from .w4a16 import check_w4a16_inputs
 __all__ = ["triton", "tl", "TritonUnavailable", "KernelSourceError", "NEEDS_TRITON", "launcher", "LAUNCHERS", "launch_gemv", "launch_rms_norm",
            "launch_w4a16", "launch_paged_decode",
            "is_triton_kernel", "restore_triton", "export_kernel", "rebuild_kernel", "KERNEL_DATA_LIMITS", "guarded", "guard_changed", "GUARD_ROWS", "GUARD_COLUMNS",
-           "OUTPUT_GUARD_COLUMNS", "SENTINEL"]
+           "OUTPUT_GUARD_COLUMNS", "SENTINEL", "NOT_MEASURED", "SPEED_WARMUP", "SPEED_REPEATS", "time_launch"]
 
 #: Rows of poison above and below each guarded 2-D tensor, and elements before and after a 1-D one.
 GUARD_ROWS = 1
@@ -933,17 +937,46 @@ def _forget_rewritten() -> None:
             cache.pop(fn, None)
 
 
+#: A compiled launch (on a GPU) is timed after its checked run: warm-up launches, then the median of timed ones.
+SPEED_WARMUP, SPEED_REPEATS = 3, 20
+#: What a kernel check says of speed where the kernel ran in Triton's interpreter.
+NOT_MEASURED = "not measured (Triton's interpreter on the CPU; speed needs a GPU)"
+
+
+@functools.cache
+def _bandwidth_gbps() -> float:
+    """This process's GPU's memory bandwidth in GB/s, measured once (a 256 MiB device copy)."""
+    from .timing import measure_copy_bandwidth
+
+    return measure_copy_bandwidth(nbytes=1 << 28, warmup=SPEED_WARMUP, repeats=SPEED_REPEATS)
+
+
+def time_launch(launch: Callable[[], None], outputs: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """Seconds one LAUNCH takes on the GPU (median, ``SPEED_*``), its OUTPUTS' buffers left as the checked
+    launch wrote them (a kernel that accumulates into its output would change them)."""
+    from .timing import median_ms
+
+    saved = [buffer.clone() for _, buffer in outputs.values()]
+    seconds = median_ms(launch, SPEED_WARMUP, SPEED_REPEATS) * 1e-3
+    for (_, buffer), copy in zip(outputs.values(), saved):
+        buffer.copy_(copy)
+    return seconds
+
+
 def _launch(kernel, name: str, interpreted: bool, grid: tuple[int, ...], args: Sequence,
             constexprs: Mapping[str, int], inputs: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-            outputs: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> dict:
+            outputs: Mapping[str, tuple[torch.Tensor, torch.Tensor]], traffic: int | None = None) -> dict:
     """Launch KERNEL on GRID with ARGS (tensors are the guarded views of INPUTS and OUTPUTS, name ->
     (view, buffer)) and the CONSTEXPRS as keywords; return the report (module docstring).
-    INTERPRETED: what ``_learner_kernel`` said of KERNEL."""
+    INTERPRETED: what ``_learner_kernel`` said of KERNEL. TRAFFIC: the bytes the launch must move at least
+    (default: every element of every view once)."""
     regions = [_Region(n, view, buffer) for n, (view, buffer) in {**inputs, **outputs}.items()]
     trace = _Trace(regions, len(grid))
     report: dict = {"kernel": name, "mode": "interpreter" if interpreted else "compiled", "traced": False,
                     "grid": list(grid), "loaded": {}, "stored": {}, "violation": None, "guard_writes": [],
-                    "error": None, "compiled": None, "compile_error": None}
+                    "error": None, "compiled": None, "compile_error": None, "seconds": None, "bandwidth_gbps": None,
+                    "bytes": int(traffic if traffic is not None else
+                                 sum(view.numel() * view.element_size() for view, _ in {**inputs, **outputs}.values()))}
     params = list(inspect.signature(kernel.fn).parameters)
     if len(params) != len(args) + len(constexprs) or set(params[len(args):]) != set(constexprs):
         report["error"] = (f"TypeError: the kernel's parameters are ({', '.join(params)}); the exercise launches it with "
@@ -961,8 +994,11 @@ def _launch(kernel, name: str, interpreted: bool, grid: tuple[int, ...], args: S
                 report["traced"] = trace.active
                 runner[grid](*args, **constexprs)
         else:
-            type(kernel)(kernel.fn)[grid](*args, **constexprs)
+            compiled = type(kernel)(kernel.fn)
+            compiled[grid](*args, **constexprs)
             torch.cuda.synchronize()
+            report["seconds"] = time_launch(lambda: compiled[grid](*args, **constexprs), outputs)
+            report["bandwidth_gbps"] = _bandwidth_gbps()
     except (Exception, SystemExit) as exc:       # the kernel's own exception is the report's error
         if trace.violation is None:
             cause = exc.__cause__ if type(exc).__name__ == "InterpreterError" and exc.__cause__ is not None else exc
@@ -1395,7 +1431,11 @@ def launch_paged_decode(kernel, q: torch.Tensor, k_cache: torch.Tensor, v_cache:
                      {"GROUP": Hq // Hkv, "BLOCK_SIZE": block_size, "HEAD_DIM": D},
                      {"q": (q_view, q_buffer), "k_cache": (k_view, k_buffer), "v_cache": (v_view, v_buffer),
                       "block_tables": (t_view, t_buffer), "context_lens": (c_view, c_buffer)},
-                     {"o": (o_view, o_buffer)})
+                     {"o": (o_view, o_buffer)},
+                     # what must be read: each sequence's L positions of K and V once, q, the used table entries
+                     traffic=(2 * sum(lens) * Hkv * D + B * Hq * D) * q.element_size() + B * Hq * D * 4
+                     + sum(-(-n // block_size) for n in lens) * block_tables.element_size()
+                     + B * context_lens.element_size())
     return o_view.detach().to("cpu").clone(), report
 
 
