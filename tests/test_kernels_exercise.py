@@ -411,6 +411,19 @@ def test_an_output_addressed_with_an_inputs_row_stride_strays_and_is_named():
         lab06.check_rms_norm_kernel(kernel, seed=0, cases=1)
 
 
+def test_eps_added_to_the_scale_is_named():
+    """1 / sqrt(ms) + eps (a newcomer's version) is not 1 / (sqrt(ms) + eps): each gets its own diagnosis."""
+    from course_lib.grading import lab06
+    from course_lib.grading.tables import Edit
+    from solutions import solution_functions
+
+    edit = Edit("rms_norm_kernel", "rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / D + eps)",
+                "rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / D) + eps")
+    kernel = solution_functions("06_batching_determinism", (edit,)).rms_norm_kernel
+    with pytest.raises(ContractError, match=r"eps added to the scale"):
+        lab06.check_rms_norm_kernel(kernel, seed=0, cases=1)
+
+
 # -- Lab 2: the paged decode kernel ---------------------------------------------------------------
 def _paged_case(lens=(5,), block_size=4, width=3, n_kv=1, group=2, dim=8, dtype=torch.float32):
     """q, caches, a table whose rows use consecutive blocks (padding 0 past them) and the lengths."""

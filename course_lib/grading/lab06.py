@@ -17,7 +17,7 @@ checks, ``fresh_seed()`` for the hidden tests) and compares against a contract:
   float64 product within float32 rounding.
 * ``check_rms_norm_kernel``: the learner's Triton RMSNorm kernel (one program per row), launched by the
   course under Triton's interpreter with its loads and stores traced: right within float32 rounding, and
-  each row's bits the same alone, in a batch of 7 and at another position of another batch.
+  each row's bits the same alone, in a batch of 16 and at another position of another batch.
 
 When a contract fails, the checker names the listed fault that matches (docs/batching_determinism.md#exercises-and-contracts).
 """
@@ -447,6 +447,8 @@ def check_rms_norm_kernel(kernel, seed: int = 0, cases: int = 2) -> None:
             raise diagnose(failure, y, {
                 "eps added after the square root (1 / (sqrt(mean(x^2)) + eps) instead of 1 / sqrt(mean(x^2) + eps))":
                     lambda: x.double() / (ms.sqrt() + eps) * w,
+                "eps added to the scale (1 / sqrt(mean(x^2)) + eps instead of 1 / sqrt(mean(x^2) + eps))":
+                    lambda: x.double() * (1 / ms.sqrt() + eps) * w,
                 "the weight left out": lambda: x.double() / (ms + eps).sqrt(),
                 f"the mean taken over the padded tiles (divided by a multiple of BLOCK_D, not by D = {D})":
                     lambda: x.double() / (ms * D / (block * -(-D // block)) + eps).sqrt() * w,

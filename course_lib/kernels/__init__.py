@@ -101,7 +101,12 @@ def notice_once(key: str, message: str) -> None:
 
 def triton_import_error() -> str | None:
     """Why ``import triton`` (and ``triton.language``) fails in this process, as
-    ``"ImportError: ..."``, or None when both import."""
+    ``"ImportError: ..."``, or None when both import.
+
+    Sets ``TRITON_DEFAULT_FP_FUSION=1`` first unless it is set: Triton 3.9 warns at every first compile
+    that its default (a * b + c fused into one FMA) becomes the opposite in 3.10; the course keeps 3.9's
+    default, said here, rather than print that warning above every kernel check."""
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     try:
         import triton  # noqa: F401
         import triton.language  # noqa: F401
