@@ -56,6 +56,13 @@ def assert_tokens_equal_solo(model, engine, prompts, news):
 
 
 def assert_accounting(engine):
+    blocks = engine.blocks
+    if blocks.radix is not None:        # the tree keeps finished requests' full blocks, one reference each
+        cached = {b for node in blocks.radix.nodes() for b in node.blocks}
+        assert blocks.num_free + len(cached) == engine.num_blocks, "blocks leaked after the trace"
+        assert all(c == (b in cached) for b, c in enumerate(blocks.allocator.ref_counts))
+        assert blocks.radix.evictable_blocks == len(cached), "a finished request still locks its path"
+        assert sorted(blocks.evict(len(cached))) == sorted(cached)
     assert engine.blocks.num_free == engine.num_blocks, "blocks leaked after the trace"
     assert all(c == 0 for c in engine.blocks.allocator.ref_counts)
     for report in engine.history:
@@ -65,11 +72,12 @@ def assert_accounting(engine):
     assert sorted(engine.blocks.allocator.free_block_ids) == list(range(engine.num_blocks))
 
 
-def test_a_mixed_trace_with_preemptions_gives_every_request_its_solo_tokens(model):
+@pytest.mark.parametrize("prefix_cache", ["hash", "radix"])
+def test_a_mixed_trace_with_preemptions_gives_every_request_its_solo_tokens(model, prefix_cache):
     prompts = prompts_of(model, [5, 17, 33, 1, 40, 16, 3, 29])
     news = [7, 12, 5, 9, 20, 3, 15, 8]
     engine, records = serve(model, prompts, news, arrivals=[0.02 * i for i in range(8)], num_blocks=20, block_size=4,
-                            budget=24, max_running=4)
+                            budget=24, max_running=4, prefix_cache=prefix_cache)
     preemptions = sum(r.preemptions for r in records)
     assert preemptions >= 3, "the pool is meant to be too small: preemptions must happen"
     assert sum(len(r.preempted) for r in engine.history) == preemptions
@@ -154,14 +162,38 @@ def test_batch_invariant_mode_gives_bitwise_solo_logits(model, budget):
     assert_accounting(engine)
 
 
-def test_prefix_hits_and_preemptions_in_one_trace_keep_tokens_equal(model):
+@pytest.mark.parametrize("prefix_cache", ["hash", "radix"])
+def test_prefix_hits_and_preemptions_in_one_trace_keep_tokens_equal(model, prefix_cache):
     system = prompts_of(model, [12], seed=1)[0]
     prompts = prompts_of(model, [5, 9, 4, 13, 2], seed=2, prefix=system) + [system.clone()]
     news = [6, 14, 7, 15, 8, 9]
     engine, records = serve(model, prompts, news, arrivals=[0.0] * 3 + [0.05] * 3, num_blocks=20, block_size=4,
-                            budget=16, max_running=4)
+                            budget=16, max_running=4, prefix_cache=prefix_cache)
     assert sum(r.preemptions for r in records) >= 2 and engine.blocks.prefix_hits >= 2 * 12
     assert_tokens_equal_solo(model, engine, prompts, news)
+    assert_accounting(engine)
+
+
+def test_the_radix_cache_keeps_a_finished_turns_blocks_for_the_next_and_evicts_when_the_pool_is_short(model):
+    """A conversation: each turn's prompt extends the previous turn's, and arrives after it finished. The hash
+    cache has forgotten the finished turn's blocks (nobody held them); the radix tree still has them. A small
+    pool then makes the tree evict (least recently used first) while every request keeps its solo tokens."""
+    first = prompts_of(model, [13], seed=11)[0]
+    second = torch.cat([first, prompts_of(model, [6], seed=12)[0]])
+    third = torch.cat([second, prompts_of(model, [5], seed=13)[0]])
+    prompts, news, arrivals = [first, second, third], [3, 3, 3], [0.0, 1.0, 2.0]
+    hits = {}
+    for cache in ("hash", "radix"):
+        engine, _ = serve(model, prompts, news, arrivals=arrivals, num_blocks=24, block_size=4, budget=None,
+                          max_running=2, prefix_cache=cache)
+        assert_tokens_equal_solo(model, engine, prompts, news)
+        hits[cache] = engine.blocks.prefix_hits
+    assert hits == {"hash": 0, "radix": 12 + 16}           # the second turn reuses 3 blocks, the third 4
+    others = prompts_of(model, [17, 18, 19], seed=14)      # unrelated requests: the pool must make room for them
+    engine, _ = serve(model, prompts + others, news + [3, 3, 3], arrivals=arrivals + [3.0, 4.0, 5.0], num_blocks=8,
+                      block_size=4, budget=None, max_running=1, prefix_cache="radix")
+    assert engine.blocks.radix.evicted_blocks > 0
+    assert_tokens_equal_solo(model, engine, prompts + others, news + [3, 3, 3])
     assert_accounting(engine)
 
 
@@ -201,6 +233,7 @@ def test_step_reports_and_add_request_queue_a_later_arrival(model):
     (dict(num_blocks=8, budget=0), ValueError, "budget"),
     (dict(num_blocks=8, max_running=1.5), TypeError, "max_running"),
     (dict(num_blocks=8, timer=3), TypeError, "timer"),
+    (dict(num_blocks=8, prefix_cache="lru"), ValueError, r"prefix_cache must be one of \['hash', 'radix'\]"),
 ])
 def test_engine_arguments_are_checked(model, kwargs, error, match):
     kwargs.setdefault("max_running", 2)

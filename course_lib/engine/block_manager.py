@@ -19,6 +19,16 @@ the same way). What the engine adds on top of Lab 2:
 Blocks are shared only through prefix hits, which reuse full blocks, and full blocks are never
 written again, so the engine never needs Lab 2's copy-on-write (``reserve`` refuses a shared
 partial block, which would be a bug).
+
+Two prefix caches (``prefix_cache``):
+
+- ``"hash"``: the allocator's chained block hashes (vLLM's first design). A block is found only while
+  some live sequence holds it: at ref count 0 it is freed and forgotten.
+- ``"radix"``: a ``cache.radix.RadixCache`` (SGLang's). The tree holds one reference on every block it
+  caches, so a finished request's full blocks stay cached (the next turn of a conversation finds them);
+  each running sequence locks its cached path (``admit``, and again after each ``commit`` that fills a
+  block, which the tree adopts); ``reserve`` evicts the least recently used unlocked leaves when the free
+  list is short. A block is then referenced by the sequences' tables plus, once, by the tree.
 """
 from __future__ import annotations
 
@@ -26,10 +36,14 @@ from collections import Counter
 from typing import Iterable
 
 from ..cache.paged import BlockAllocator, BlockPoolExhaustedError, PagedSequence
-from ..validation import instance, integer, nonnegative_integer, positive_integer
+from ..cache.radix import RadixCache, RadixNode
+from ..validation import instance, integer, nonnegative_integer, one_of, positive_integer
 from .sequence import Sequence
 
-__all__ = ["BlockManager"]
+__all__ = ["BlockManager", "PREFIX_CACHES"]
+
+#: The prefix caches the engine can use (module docstring).
+PREFIX_CACHES = ("hash", "radix")
 
 
 class BlockManager:
@@ -37,16 +51,21 @@ class BlockManager:
 
     Args:
         num_blocks: physical blocks (int >= 1). block_size: positions per block (int >= 1).
+        prefix_cache: ``"hash"`` or ``"radix"`` (module docstring).
 
     Attributes:
         allocator: the ``BlockAllocator`` doing the accounting (the K/V are in the model runner).
+        radix: the ``RadixCache`` (None with the hash cache).
         prefix_hits: positions reused from the prefix cache so far (an int).
     """
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_cache: str = "hash") -> None:
         num_blocks = positive_integer("num_blocks", num_blocks)
         block_size = positive_integer("block_size", block_size)
+        self.prefix_cache = one_of("prefix_cache", prefix_cache, PREFIX_CACHES)
         self.allocator = BlockAllocator(num_blocks, block_size)
+        self.radix = RadixCache(block_size) if prefix_cache == "radix" else None
+        self._locked: dict[int, RadixNode] = {}      # request id -> the radix node its path lock ends at
         self.prefix_hits = 0
 
     @property
@@ -68,7 +87,15 @@ class BlockManager:
         Raises: ArgumentTypeError for a seq that is not a ``Sequence``."""
         seq = instance("seq", seq, Sequence)
         tokens = list(seq.token_ids[:seq.target - 1])
-        reused = self.allocator.acquire_prefix(tokens)
+        if self.radix is None:
+            reused = self.allocator.acquire_prefix(tokens)
+        else:
+            found = self.radix.match(tokens)
+            reused = list(found.blocks)
+            for block_id in reused:
+                self.allocator.incref(block_id)
+            self.radix.acquire(found.node)
+            self._locked[seq.rid] = found.node
         length = len(reused) * self.block_size
         seq.paged = PagedSequence(block_table=reused, length=length, token_ids=tokens[:length])
         self.prefix_hits += length
@@ -88,9 +115,13 @@ class BlockManager:
         if start % bs and self.allocator.ref_counts[paged.block_table[-1]] > 1:
             raise RuntimeError(f"sequence {seq.rid} would write into shared block {paged.block_table[-1]}: "
                                "only full blocks are shared in the engine")
-        if need > self.allocator.num_free:
+        evictable = self.radix.evictable_blocks if self.radix is not None else 0
+        if need > self.allocator.num_free + evictable:
             raise BlockPoolExhaustedError(f"sequence {seq.rid} needs {need} more blocks for {n_new} positions; "
-                                          f"{self.allocator.num_free} of {self.num_blocks} are free")
+                                          f"{self.allocator.num_free} of {self.num_blocks} are free"
+                                          + (f" and {evictable} cached ones can be evicted" if self.radix else ""))
+        if need > self.allocator.num_free:
+            self.evict(need - self.allocator.num_free)
         for _ in range(need):
             paged.block_table.append(self.allocator.allocate())
         table = paged.block_table
@@ -112,10 +143,39 @@ class BlockManager:
                              f"positions and {len(seq.token_ids)} tokens: reserve the positions first")
         paged.token_ids.extend(seq.token_ids[start:start + n_new])
         paged.length = start + n_new
+        if self.radix is not None:
+            if paged.length // bs > start // bs:        # blocks became full: the tree adopts them, the lock moves down
+                full = paged.length // bs
+                for block_id in self.radix.insert(paged.token_ids[:full * bs], paged.block_table[:full]):
+                    self.allocator.incref(block_id)     # the tree's reference
+                node = self.radix.match(paged.token_ids[:full * bs]).node
+                self.radix.acquire(node)
+                self.radix.release(self._locked[seq.rid])
+                self._locked[seq.rid] = node
+            return
         for index in range(start // bs, paged.length // bs):
             prefix = self.allocator.block_hashes[paged.block_table[index - 1]] if index else None
             self.allocator.register_full_block(paged.block_table[index],
                                                paged.token_ids[index * bs:(index + 1) * bs], prefix)
+
+    def evict(self, n_blocks: int) -> list[int]:
+        """Radix cache: evict at least N_BLOCKS cached blocks no running sequence holds (least recently used
+        leaves first) and return them to the free list; returns their ids. The hash cache keeps no unheld
+        blocks: nothing to evict.
+
+        Raises: ValueError for N_BLOCKS below 0 or above the evictable blocks (nothing changes)."""
+        if self.radix is None:
+            nonnegative_integer("n_blocks", n_blocks, maximum=0, note="the hash cache holds no unreferenced blocks")
+            return []
+        evicted = self.radix.evict(n_blocks)
+        for block_id in evicted:
+            self.allocator.decref(block_id)
+        return evicted
+
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks the radix tree holds (0 with the hash cache)."""
+        return self.radix.cached_blocks if self.radix is not None else 0
 
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references (blocks at ref count 0 return to the free list).
@@ -125,18 +185,29 @@ class BlockManager:
         seq = instance("seq", seq, Sequence)
         for block_id in seq.paged.block_table:
             self.allocator.decref(block_id)
+        if seq.rid in self._locked:
+            self.radix.release(self._locked.pop(seq.rid))
         seq.paged = PagedSequence()
 
     def audit(self, live: Iterable[Sequence]) -> None:
-        """Check the accounting against the live sequences' block tables.
+        """Check the accounting against the live sequences' block tables (and the radix tree's blocks and
+        locks, with that cache).
 
         Raises: RuntimeError naming the first broken invariant (a leak, a negative or wrong ref count,
         a block both free and referenced)."""
+        live = list(live)
         uses = Counter(b for seq in live for b in seq.paged.block_table)
+        if self.radix is not None:
+            self.radix.check()
+            uses.update(b for node in self.radix.nodes() for b in node.blocks)      # the tree's own reference
+            if set(self._locked) != {seq.rid for seq in live}:
+                raise RuntimeError(f"radix locks held for requests {sorted(self._locked)}, running: "
+                                   f"{sorted(seq.rid for seq in live)}")
         blocks = self.allocator
         for block_id, count in enumerate(blocks.ref_counts):
             if count < 0 or count != uses.get(block_id, 0):
-                raise RuntimeError(f"block {block_id}: ref count {count} but {uses.get(block_id, 0)} table entries")
+                raise RuntimeError(f"block {block_id}: ref count {count} but {uses.get(block_id, 0)} table entries"
+                                   + (" and radix nodes" if self.radix is not None else ""))
         free = set(blocks.free_block_ids)
         if len(free) != len(blocks.free_block_ids) or free != {b for b, c in enumerate(blocks.ref_counts) if c == 0}:
             raise RuntimeError(f"free list {sorted(blocks.free_block_ids)} is not the set of unreferenced blocks")

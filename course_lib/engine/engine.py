@@ -100,6 +100,9 @@ class Engine:
         timer: the clock read around each iteration (``time.perf_counter``; tests pass a fake one to
             make the schedule reproducible).
         decode_attention: as ``ModelRunner``.
+        prefix_cache: ``"hash"`` (the allocator's chained block hashes: blocks found while a live sequence
+            holds them) or ``"radix"`` (a radix tree that keeps finished requests' full blocks until it
+            must evict them); ``block_manager.py`` describes both. The contract is the same.
 
     Attributes:
         capacity: cached positions the scheduler plans for: (num_blocks - max_running) * block_size,
@@ -113,12 +116,13 @@ class Engine:
         ArgumentTypeError / ValueError naming the argument: a model that is not a Decoder, a size that
         is not a positive int, num_blocks <= max_running or so many that their K/V would not fit in the
         memory of the model's device (``validation.fits_memory``; checked before anything is
-        allocated), a decode_attention that is not callable.
+        allocated), a decode_attention that is not callable, a prefix_cache other than "hash" or "radix".
     """
 
     def __init__(self, model: Decoder, num_blocks: int, block_size: int = 16, budget: int | None = CHUNK_BUDGET,
                  max_running: int = MAX_RUNNING, *, keep_logits: bool = False, audit: bool = False,
-                 timer: Callable[[], float] = time.perf_counter, decode_attention: Callable | None = None) -> None:
+                 timer: Callable[[], float] = time.perf_counter, decode_attention: Callable | None = None,
+                 prefix_cache: str = "hash") -> None:
         self.model = instance("model", model, Decoder)
         state_with_data(model, "the model's ")
         block_size = positive_integer("block_size", block_size)
@@ -146,7 +150,7 @@ class Engine:
         self.capacity = (num_blocks - max_running) * block_size
         self.deployment = scheduling_deployment(model.config, self.capacity, weight_bytes=weight_bytes(model),
                                                 kv_element_bytes=model.embed_tokens.weight.element_size())
-        self.blocks = BlockManager(num_blocks, block_size)
+        self.blocks = BlockManager(num_blocks, block_size, prefix_cache)
         self.scheduler = Scheduler(self.blocks, self.deployment, budget, max_running)
         self.runner = ModelRunner(model, num_blocks, block_size, decode_attention)
         self.clock = 0.0
