@@ -348,3 +348,21 @@ def test_engine_refuses_an_arrival_in_the_past_and_a_decode_attention_that_is_no
     rid = engine.add_request([1, 2], 2, engine.clock)
     assert engine.sequences[rid].arrival == engine.clock
 
+
+
+def test_the_shared_prefix_trace_shows_where_the_two_prefix_caches_differ(model):
+    from course_lib.engine.prefix_trace import KINDS, compare_prefix_caches, shared_prefix_trace
+
+    trace = shared_prefix_trace(model, seed=0, conversations=1, questions=2, branches=2)
+    assert [k for *_, k in trace].count("conversation") == 3
+    rows = {(r["cache"], r["kind"]): r for r in compare_prefix_caches(model, trace, timer=fake_timer)}
+    # a later turn or question arrives after the earlier one finished: only the radix tree still has its blocks
+    for kind in ("conversation", "few-shot"):
+        assert rows["hash", kind]["reused"] == 0 < rows["radix", kind]["reused"]
+    # branches arrive while the first still runs: both caches find the shared blocks
+    assert rows["hash", "branch"]["reused"] == rows["radix", "branch"]["reused"] > 0
+    for kind in KINDS:          # what is not reused is computed (no preemption here)
+        assert rows["hash", kind]["reused"] + rows["hash", kind]["computed"] == \
+            rows["radix", kind]["reused"] + rows["radix", kind]["computed"]
+    small = compare_prefix_caches(model, trace, num_blocks=18, max_running=2, timer=fake_timer)
+    assert [r["evicted_blocks"] for r in small if r["cache"] == "radix"][0] > 0

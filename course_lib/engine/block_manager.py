@@ -98,6 +98,7 @@ class BlockManager:
             self._locked[seq.rid] = found.node
         length = len(reused) * self.block_size
         seq.paged = PagedSequence(block_table=reused, length=length, token_ids=tokens[:length])
+        seq.reused += length
         self.prefix_hits += length
         return length
 

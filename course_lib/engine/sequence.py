@@ -41,6 +41,7 @@ class Sequence:
         logits: the float32 (vocab,) logits that chose each token, kept only when the engine was
             built with ``keep_logits=True`` (the batch-invariance tests compare them bitwise).
         preemptions: times it was preempted.
+        reused: positions its admissions took from the prefix cache (summed over re-admissions).
         paged: its view of the block pool (block table, ``length`` = cached positions, token ids
             of those positions); empty while waiting.
         status: a ``SequenceStatus``.
@@ -54,6 +55,7 @@ class Sequence:
     token_times: list[float] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
     preemptions: int = 0
+    reused: int = 0
     paged: PagedSequence = field(default_factory=PagedSequence)
     status: SequenceStatus = SequenceStatus.WAITING
 
