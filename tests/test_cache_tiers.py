@@ -43,3 +43,21 @@ def test_a_70b_class_model_on_an_h100_class_device():
 def test_bad_input_is_refused_by_name(call, error, name):
     with pytest.raises(error, match=name):
         call()
+
+
+def test_the_measurement_serves_the_loaded_kv_and_sets_the_prediction_beside_the_clocks(tmp_path):
+    """On the toy model (timings here are not the point: the lab runs the real model): each row's loaded K/V give
+    the full prefill's next-token logits, its bytes are the cache's, and both verdicts are there."""
+    from course_lib.cache.bench import measure_tiers
+    from course_lib.models.decoder import toy_decoder
+
+    model = toy_decoder()
+    rows = measure_tiers(model, lengths=(8, 33), repeats=1, folder=tmp_path)
+    assert [r["length"] for r in rows] == [8, 33] and not list(tmp_path.iterdir())    # the files are removed
+    for r in rows:
+        assert r["kv_bytes"] == r["length"] * model.config.kv_bytes_per_token(4)
+        assert r["max_abs_logit_diff"] <= 1e-3 and r["prefill_rate"] > 0 and r["file_gbps"] > 0
+        assert r["memory_predicted"] == (r["needed_gbps"] < r["memory_gbps"])
+        assert type(r["memory_measured"]) is bool and type(r["file_measured"]) is bool
+    with pytest.raises(ValueError, match="prefix length"):
+        measure_tiers(model, lengths=(1,), folder=tmp_path)
