@@ -353,7 +353,7 @@ def test_engine_refuses_an_arrival_in_the_past_and_a_decode_attention_that_is_no
 def test_the_shared_prefix_trace_shows_where_the_two_prefix_caches_differ(model):
     from course_lib.engine.prefix_trace import KINDS, compare_prefix_caches, shared_prefix_trace
 
-    trace = shared_prefix_trace(model, seed=0, conversations=1, questions=2, branches=2)
+    trace = shared_prefix_trace(model, seed=0, conversations=1, questions=2, branches=2, branch_gap=0.02)
     assert [k for *_, k in trace].count("conversation") == 3
     rows = {(r["cache"], r["kind"]): r for r in compare_prefix_caches(model, trace, timer=fake_timer)}
     # a later turn or question arrives after the earlier one finished: only the radix tree still has its blocks

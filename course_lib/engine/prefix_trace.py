@@ -9,7 +9,9 @@ The trace (:func:`shared_prefix_trace`) has the three kinds of sharing a serving
   a model as fast as the toy's or SmolLM2-135M's on a laptop);
 - **few-shot**: one long template (instructions and examples) followed by different questions, arriving
   one after another;
-- **branches**: one prompt with several continuations, arriving 20 ms apart (while the first still runs).
+- **branches**: one prompt with several continuations, ``branch_gap`` seconds apart (0.25 s: after the first
+  one's prefill wrote the shared blocks, while it still decodes). Branches that arrive within one iteration
+  are admitted together and each computes the shared prompt: no cache shares blocks not yet written.
 
 :func:`compare_prefix_caches` serves the same trace with ``Engine(prefix_cache="hash")`` and
 ``Engine(prefix_cache="radix")`` in one run and returns, per cache and kind of request: positions
@@ -48,24 +50,24 @@ KINDS = ("conversation", "few-shot", "branch")
 def shared_prefix_trace(model: Decoder, *, seed: int = 0, conversations: int = 2, turns: int = 3,
                         message: int = 10, template: int = 40, questions: int = 3, question: int = 6,
                         branches: int = 3, branch_prompt: int = 24, branch_suffix: int = 4, new: int = 4,
-                        gap: float = 1.0) -> list[tuple[float, list[int], int, str]]:
+                        gap: float = 1.0, branch_gap: float = 0.25) -> list[tuple[float, list[int], int, str]]:
     """The trace (module docstring) as (arrival s, prompt ids, max_new_tokens, kind) in arrival order.
 
     Token ids are drawn uniformly from the model's vocabulary with a generator seeded by SEED (the
     caches see only ids); a conversation's answers are the model's own greedy tokens
     (``generate_cached``), so its next turn extends what the engine cached. Conversations start at 0,
-    the few-shot questions at 0.5 s (one ``gap`` apart per turn or question), the branches at 0.75 s, 20 ms
-    apart.
+    the few-shot questions at 0.5 s (one ``gap`` apart per turn or question), the branches at 0.75 s,
+    ``branch_gap`` apart.
 
-    Raises: ArgumentTypeError / ValueError for sizes that are not positive ints, a gap that is not a
-        positive number, or a trace longer than the model's max_seq_len.
+    Raises: ArgumentTypeError / ValueError for sizes that are not positive ints, a gap or branch_gap that is
+        not a positive number, or a trace longer than the model's max_seq_len.
     """
     model = instance("model", model, Decoder)
     sizes = dict(conversations=conversations, turns=turns, message=message, template=template, questions=questions,
                  question=question, branches=branches, branch_prompt=branch_prompt, branch_suffix=branch_suffix,
                  new=new)
     sizes = {k: positive_integer(k, v) for k, v in sizes.items()}
-    gap = float(positive_number("gap", gap))
+    gap, branch_gap = float(positive_number("gap", gap)), float(positive_number("branch_gap", branch_gap))
     longest = sizes["turns"] * (sizes["message"] + sizes["new"])
     if max(longest, sizes["template"] + sizes["question"], sizes["branch_prompt"] + sizes["branch_suffix"]) \
             + sizes["new"] > model.config.max_seq_len:
@@ -87,7 +89,7 @@ def shared_prefix_trace(model: Decoder, *, seed: int = 0, conversations: int = 2
     entries += [(0.5 + q * gap, shared + ids(sizes["question"]), sizes["new"], "few-shot")
                 for q in range(sizes["questions"])]
     root = ids(sizes["branch_prompt"])
-    entries += [(0.75 + 0.02 * b, root + ids(sizes["branch_suffix"]), sizes["new"], "branch")
+    entries += [(0.75 + branch_gap * b, root + ids(sizes["branch_suffix"]), sizes["new"], "branch")
                 for b in range(sizes["branches"])]
     return sorted(entries, key=lambda e: e[0])
 
