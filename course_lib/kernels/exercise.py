@@ -330,6 +330,44 @@ def _check_run_namespace(fn, name: str, def_lines: Sequence[str]) -> None:
                                     "defined in the kernel's module")
 
 
+#: The annotations a kernel's definition may write (or a string): Triton's compiler evaluates them again.
+_ANNOTATIONS = ("tl.constexpr", "triton.language.constexpr")
+
+
+def _written_decorator_problem(top: ast.FunctionDef) -> tuple[str, int] | None:
+    """(what, line) when the definition TOP is decorated other than exactly ``@triton.jit``; None otherwise
+    (no decorator: ``triton.jit(fn)`` called by hand). From the source alone, as the next two."""
+    decorators = [ast.unparse(d) for d in top.decorator_list]
+    if decorators and decorators != ["triton.jit"]:
+        return f"its decorators are {decorators}, not exactly @triton.jit", top.decorator_list[0].lineno
+    return None
+
+
+def _written_defaults(top: ast.FunctionDef) -> bool:
+    """Whether the definition TOP writes a default, a keyword-only parameter, *args or **kwargs."""
+    return bool(top.args.defaults or top.args.kw_defaults or top.args.vararg or top.args.kwarg)
+
+
+def _written_annotation_problem(top: ast.FunctionDef) -> tuple[str, int] | None:
+    """(what, line) for the first annotation of TOP other than ``_ANNOTATIONS`` or a string, or a return
+    annotation; None when there is none."""
+    for arg in top.args.posonlyargs + top.args.args + top.args.kwonlyargs:
+        written = arg.annotation
+        if written is not None and not (isinstance(written, ast.Constant) and type(written.value) is str) \
+                and ast.unparse(written) not in _ANNOTATIONS:
+            return f"the annotation of {arg.arg!r} is `{ast.unparse(written)[:80]}`, not tl.constexpr", written.lineno
+    if top.returns is not None:
+        return "the kernel has a return annotation", top.returns.lineno
+    return None
+
+
+def _local_names(top: ast.FunctionDef) -> set[str]:
+    """The definition's parameters and the names its body assigns or deletes (its locals)."""
+    local = {a.arg for a in top.args.args + top.args.kwonlyargs + top.args.posonlyargs}
+    return local | {n.id for s in top.body for n in ast.walk(s)
+                    if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+
+
 def _check_kernel_object(kernel, fn, top: ast.FunctionDef, name: str, line0: int) -> None:
     """Refuse a ``@triton.jit`` object, or its function, changed after the decorator made it: what the
     interpreter runs is the object (its ``run``, ``rewrite``, ``rewriter``, pre-run hooks, keyword
@@ -344,28 +382,24 @@ def _check_kernel_object(kernel, fn, top: ast.FunctionDef, name: str, line0: int
         raise KernelSourceError(f"{name}, line {line0 + line}: {what}; a kernel is a function decorated with "
                                 "@triton.jit and nothing else, left as the decorator made it")
 
-    decorators = [ast.unparse(d) for d in top.decorator_list]     # none: triton.jit(fn) called by hand
-    if decorators and (decorators != ["triton.jit"] or not _language_module(fn.__globals__.get("triton"))):
-        refuse(f"its decorators are {decorators}, not exactly @triton.jit", top.decorator_list[0].lineno)
+    problem = _written_decorator_problem(top)
+    if problem is None and top.decorator_list and not _language_module(fn.__globals__.get("triton")):
+        problem = "its decorators are ['triton.jit'], not exactly @triton.jit", top.decorator_list[0].lineno
+    if problem is not None:
+        refuse(*problem)
     if vars(fn):
         refuse(f"attributes were set on the function ({', '.join(sorted(vars(fn)))[:200]})")
     if fn.__name__ != top.name or fn.__qualname__.split(".")[-1] != top.name:
         refuse(f"the function is named {fn.__name__!r} but defined as {top.name!r}")
-    if fn.__defaults__ or fn.__kwdefaults__ or top.args.defaults or top.args.kw_defaults or top.args.vararg \
-            or top.args.kwarg:
+    if fn.__defaults__ or fn.__kwdefaults__ or _written_defaults(top):
         refuse("a parameter has a default value, or the signature has *args or **kwargs (the launcher passes "
                "every argument)")
     for arg, annotation in fn.__annotations__.items():
         if annotation is not tl.constexpr and type(annotation) is not str:
             refuse(f"the annotation of {arg!r} is not tl.constexpr")
-    # Triton's compiler evaluates the written annotations again: only `tl.constexpr` (or a string) may be written
-    for arg in top.args.posonlyargs + top.args.args + top.args.kwonlyargs:
-        written = arg.annotation
-        if written is not None and not (isinstance(written, ast.Constant) and type(written.value) is str) \
-                and ast.unparse(written) not in ("tl.constexpr", "triton.language.constexpr"):
-            refuse(f"the annotation of {arg.arg!r} is `{ast.unparse(written)[:80]}`, not tl.constexpr", written.lineno)
-    if top.returns is not None:
-        refuse("the kernel has a return annotation", top.returns.lineno)
+    problem = _written_annotation_problem(top)      # Triton's compiler evaluates the written annotations again
+    if problem is not None:
+        refuse(*problem)
     if type(kernel).__name__ == "InterpretedFunction":
         from triton.runtime.interpreter import FunctionRewriter, InterpretedFunction
 
@@ -459,11 +493,8 @@ def _check_kernel_source(kernel, name: str, seen: set | None = None) -> None:
         raise KernelSourceError(f"{name} is course_lib's kernel {copied or fn.__module__ + '.' + fn.__qualname__}"
                                 f"{' (a copy of its source)' if copied else ''}; the exercise asks for your own")
     _check_kernel_object(kernel, fn, top, name, line0)
-    local = {a.arg for a in top.args.args + top.args.kwonlyargs + top.args.posonlyargs}
+    local = _local_names(top)
     body = [node for statement in top.body for node in ast.walk(statement)]      # what runs at launch
-    for node in body:
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            local.add(node.id)
     _check_run_namespace(fn, name, lines[defs[0]:])
     value_attributes = _value_attributes()
 
@@ -586,9 +617,8 @@ def export_kernel(kernel, name: str) -> dict:
             lines, first = inspect.getsourcelines(fn)
             source = textwrap.dedent("".join(lines))
             top = ast.parse(source).body[0]
-            local = {a.arg for a in top.args.posonlyargs + top.args.args + top.args.kwonlyargs}
-            local |= {n.id for s in top.body for n in ast.walk(s) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-            read = sorted({n.id for n in ast.walk(top) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - local)
+            read = sorted({n.id for n in ast.walk(top) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+                          - _local_names(top))
             bound = [[g, b] for g in read if g in fn.__globals__
                      for b in [_binding(fn.__globals__[g], add)] if b is not None]
             entry.update(name=fn.__name__, line=max(1, first), source=source, globals=bound)
@@ -687,14 +717,13 @@ def rebuild_kernel(data, folder) -> object:
             top = tree.body[0] if len(tree.body) == 1 else None
             if not isinstance(top, ast.FunctionDef) or top.name != fn_name:
                 bad(f"function {i}'s source is not exactly the definition of {fn_name}")
-            decorators = [ast.unparse(d) for d in top.decorator_list]
+            problem = _written_decorator_problem(top) or _written_annotation_problem(top) \
+                or (_written_defaults(top) and ("a default, a keyword-only parameter, *args or **kwargs", top.lineno))
+            if problem:
+                bad(f"{fn_name}'s definition has decorators, annotations or defaults a kernel's may not have: "
+                    f"{problem[0]}")
             annotations = [a.annotation for a in top.args.posonlyargs + top.args.args + top.args.kwonlyargs
                            if a.annotation is not None]
-            if decorators not in ([], ["triton.jit"]) or top.returns is not None or top.args.defaults \
-                    or any(d is not None for d in top.args.kw_defaults) or top.args.vararg or top.args.kwarg \
-                    or any(not (isinstance(a, ast.Constant) and type(a.value) is str)
-                           and ast.unparse(a) not in ("tl.constexpr", "triton.language.constexpr") for a in annotations):
-                bad(f"{fn_name}'s definition has decorators, annotations or defaults a kernel's may not have")
             namespace = {"__name__": f"learner_kernel_{i}", "__builtins__": builtins}
             for pair in bindings:
                 if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not str or not pair[0].isidentifier():
@@ -707,7 +736,7 @@ def rebuild_kernel(data, folder) -> object:
             roots = {ast.unparse(n).split(".")[0] for n in [*top.decorator_list, *annotations]
                      if not isinstance(n, ast.Constant)}
             if any(not _language_module(namespace.get(r)) for r in roots) or \
-                    (decorators and namespace.get("triton") is not _LANGUAGE["triton"][0]):
+                    (top.decorator_list and namespace.get("triton") is not _LANGUAGE["triton"][0]):
                 bad(f"{fn_name}'s decorator or annotations name something other than triton and triton.language")
             path = folder / f"kernel_{i}.py"
             path.write_text("\n" * (line - 1) + source)
@@ -716,7 +745,7 @@ def rebuild_kernel(data, folder) -> object:
             except Exception as exc:        # an annotation naming what the module lacks, say
                 bad(f"{fn_name}'s definition raised {type(exc).__name__}: {_message(exc)[:200]}")
             made = namespace[fn_name]
-            kernel = made if decorators else triton.jit(made)
+            kernel = made if top.decorator_list else triton.jit(made)
             namespace[fn_name] = kernel
             built.append(kernel)
             namespaces.append(namespace)
