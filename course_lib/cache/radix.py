@@ -21,7 +21,8 @@ path through them) and a last-access tick (a counter, not a clock: runs are repr
 
 Invariants (``check``): every edge but the root's holds at least one block; a node's lock count is at
 least the sum of its children's (a path locked through a child is locked through its parent); no block id
-appears twice; ``evictable_blocks`` is the number of blocks in unlocked nodes.
+appears twice; the blocks recorded as cached are the tree's; ``evictable_blocks`` is the number of blocks
+in unlocked nodes.
 
 Source of the design: SGLang's ``RadixCache`` (``match_prefix`` with split, ``inc_lock_ref`` /
 ``dec_lock_ref`` along the path, ``evict`` by LRU leaf); docs/kv_cache.md describes the course's use.
@@ -81,8 +82,13 @@ class RadixCache:
     def __init__(self, block_size: int) -> None:
         self.block_size = positive_integer("block_size", block_size)
         self.root = RadixNode()
-        self.cached_blocks = self.evictable_blocks = self.evicted_blocks = 0
+        self.evictable_blocks = self.evicted_blocks = 0
+        self._held: set[int] = set()          # every block id in the tree (insert's check reads it)
         self._tick = itertools.count(1)
+
+    @property
+    def cached_blocks(self) -> int:
+        return len(self._held)
 
     # -- reading -------------------------------------------------------------------------------
     def _blocks_of(self, tokens: list[int]) -> list[tuple[int, ...]]:
@@ -95,7 +101,10 @@ class RadixCache:
         match ends exactly at a node; every node of the path gets a new last-access tick.
 
         Raises: ArgumentTypeError / ValueError for TOKENS that are not token ids (nothing changes)."""
-        path, cut = self._walk(self._blocks_of(token_ids("tokens", tokens)))
+        return self._matched(*self._walk(self._blocks_of(token_ids("tokens", tokens))))
+
+    def _matched(self, path: list[RadixNode], cut: int) -> RadixMatch:
+        """The match a walk (``_walk``) found, its partly matched edge split and its path's ticks renewed."""
         if cut:
             path[-1] = self._split(path[-1], cut)
         tick = next(self._tick)
@@ -156,17 +165,16 @@ class RadixCache:
         path, cut = self._walk(self._blocks_of(tokens))
         present = sum(len(n.blocks) for n in path) - (len(path[-1].blocks) - cut if cut else 0)
         new = blocks[present:]
-        held = {b for node in self.nodes() for b in node.blocks}
-        clash = sorted(set(new) & held) or sorted(b for b, n in Counter(new).items() if n > 1)
+        clash = sorted(set(new) & self._held) or sorted(b for b, n in Counter(new).items() if n > 1)
         if clash:
             raise ValueError(f"block {clash[0]} is already in the radix cache (or given twice): a block holds one "
                              "prefix's positions")
-        found = self.match(tokens)
+        found = self._matched(path, cut)
         if new:
             node = RadixNode(key=tuple(tokens[found.length:]), blocks=list(new), parent=found.node,
                              last_access=found.node.last_access)
             found.node.children[node.key[:self.block_size]] = node
-            self.cached_blocks += len(new)
+            self._held.update(new)
             self.evictable_blocks += len(new)
         return list(new)
 
@@ -227,7 +235,7 @@ class RadixCache:
             del parent.children[leaf.key[:self.block_size]]
             leaf.parent = None
             evicted.extend(leaf.blocks)
-            self.cached_blocks -= len(leaf.blocks)
+            self._held.difference_update(leaf.blocks)
             self.evictable_blocks -= len(leaf.blocks)
             if parent is self.root:
                 continue
@@ -255,7 +263,7 @@ class RadixCache:
     def check(self) -> None:
         """Raise RuntimeError naming the first broken invariant (module docstring)."""
         seen: dict[int, RadixNode] = {}
-        evictable = cached = 0
+        evictable = 0
         for node in self.nodes():
             if not node.blocks or len(node.key) != len(node.blocks) * self.block_size:
                 raise RuntimeError(f"{node!r}: its key has {len(node.key)} token ids for {len(node.blocks)} blocks of "
@@ -268,9 +276,8 @@ class RadixCache:
                 if b in seen:
                     raise RuntimeError(f"block {b} is in two nodes")
                 seen[b] = node
-            cached += len(node.blocks)
             evictable += len(node.blocks) if node.lock == 0 else 0
-        if (cached, evictable) != (self.cached_blocks, self.evictable_blocks):
-            raise RuntimeError(f"counters say {self.cached_blocks} cached / {self.evictable_blocks} evictable blocks, "
-                               f"the tree holds {cached} / {evictable}")
+        if set(seen) != self._held or evictable != self.evictable_blocks:
+            raise RuntimeError(f"the cache records {self.cached_blocks} cached / {self.evictable_blocks} evictable "
+                               f"blocks, the tree holds {len(seen)} / {evictable}")
 

@@ -62,7 +62,7 @@ class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, prefix_cache: str = "hash") -> None:
         num_blocks = positive_integer("num_blocks", num_blocks)
         block_size = positive_integer("block_size", block_size)
-        self.prefix_cache = one_of("prefix_cache", prefix_cache, PREFIX_CACHES)
+        prefix_cache = one_of("prefix_cache", prefix_cache, PREFIX_CACHES)
         self.allocator = BlockAllocator(num_blocks, block_size)
         self.radix = RadixCache(block_size) if prefix_cache == "radix" else None
         self._locked: dict[int, RadixNode] = {}      # request id -> the radix node its path lock ends at
@@ -172,11 +172,6 @@ class BlockManager:
         for block_id in evicted:
             self.allocator.decref(block_id)
         return evicted
-
-    @property
-    def cached_blocks(self) -> int:
-        """Blocks the radix tree holds (0 with the hash cache)."""
-        return self.radix.cached_blocks if self.radix is not None else 0
 
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references (blocks at ref count 0 return to the free list).
