@@ -147,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
         from ..data import load_smollm2
 
         model, _, _ = load_smollm2()
-    torch.manual_seed(args.seed)
     trace = shared_prefix_trace(model, seed=args.seed)
     rows = compare_prefix_caches(model, trace, num_blocks=args.num_blocks, block_size=args.block_size)
     print(f"model: {args.model}; {len(trace)} requests (seed {args.seed}); blocks {args.num_blocks} x "
