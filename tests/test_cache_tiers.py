@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from course_lib.cache.tiers import (LINKS, break_even_bandwidth, load_beats_recompute, load_seconds,
+from course_lib.cache.tiers import (KV_LAYOUTS_70B, LINKS, break_even_bandwidth, load_beats_recompute, load_seconds,
                                     prefill_rate_bound, recompute_seconds)
 from course_lib.validation import ArgumentTypeError
 
@@ -24,7 +24,8 @@ def test_a_70b_class_model_on_an_h100_class_device():
     # 2 FLOPs per parameter per position at MFU 0.5 of 989 TFLOP/s: 0.5 * 989e12 / 140e9 positions/s
     rate = prefill_rate_bound(70e9, 989e12, 0.5)
     assert rate == pytest.approx(3532.142857, rel=1e-9)
-    full, gqa, latent = 2 * 80 * 64 * 128 * 2, 2 * 80 * 8 * 128 * 2, 80 * (512 + 64) * 2     # bytes per position, bf16
+    full, gqa, latent = (layout.bytes_per_position for layout in KV_LAYOUTS_70B)
+    assert (full, gqa, latent) == (2_621_440, 327_680, 92_160)     # bytes per position, bf16, worked by hand
     assert break_even_bandwidth(rate, gqa) == pytest.approx(3532.142857 * 327_680, rel=1e-9)     # about 1.16 GB/s
     ssd, pcie4 = next(l for l in LINKS if "SSD" in l.name), next(l for l in LINKS if "PCIe 4.0 x16" in l.name)
     assert load_beats_recompute(rate, gqa, ssd.bandwidth) and load_beats_recompute(rate, latent, ssd.bandwidth)

@@ -6,6 +6,7 @@ import random
 import pytest
 
 from course_lib import scheduling
+from course_lib.cache.radix import RadixCache
 from course_lib.grading import ContractError, lab03
 from course_lib.grading.tables import Edit
 
@@ -41,6 +42,9 @@ def test_the_solution_passes(seed):
     lab03.check_schedule_step(ref.schedule_step, seed)
     lab03.check_serving_metrics(ref.serving_metrics, seed)
     lab03.check_find_capacity(ref.find_capacity, seed)
+    lab03.check_radix_match(ref.radix_match, seed, cases=6)
+    lab03.check_radix_evict(ref.radix_release, ref.radix_evict, seed, cases=6)
+    lab03.check_load_or_recompute(ref.load_or_recompute, seed)
 
 
 @pytest.mark.parametrize("fault", [f.name for f in lab03.FAULTS])
@@ -159,3 +163,66 @@ def test_decodes_handled_apart_from_the_budget_are_named(flags, symptom):
     for seed in SEEDS:
         with pytest.raises(ContractError, match=symptom):
             lab03.check_schedule_step(step, seed, trace=False)
+
+
+# faults of the radix and tiered exercises the checkers name, beyond the table's: (cell, find, replace, symptom)
+RADIX_FAULTS = {
+    "split keeps every block": ("radix_match",
+                                'child["key"], child["blocks"] = child["key"][cut:], child["blocks"][blocks:]',
+                                'child["key"] = child["key"][cut:]', "held by two nodes"),
+    "most recent leaf first": ("radix_evict", "leaf = min(candidates", "leaf = max(candidates", "most recently used"),
+    "no fold": ("radix_evict", 'if child["lock"] == parent["lock"]:', "if False:", "folded"),
+    "bandwidth in bits": ("load_or_recompute", "load_s = positions * kv_bytes_per_position / bandwidth",
+                          "load_s = positions * kv_bytes_per_position * 8 / bandwidth", "bits per second"),
+    "loading wins at a tie": ("load_or_recompute", "needed < bandwidth", "needed <= bandwidth", "break-even point"),
+    "break-even times L": ("load_or_recompute", "needed = prefill_rate * kv_bytes_per_position",
+                           "needed = positions * prefill_rate * kv_bytes_per_position", "multiplied by the prefix"),
+}
+
+
+@pytest.mark.parametrize("fault", RADIX_FAULTS)
+@pytest.mark.parametrize("seed", SEEDS[:3])
+def test_radix_and_tier_faults_fail_with_their_symptom(fault, seed):
+    cell, old, new, symptom = RADIX_FAULTS[fault]
+    contract = next(c for c in lab03.CONTRACTS if cell in c.functions)
+    namespace = solutions.solution_namespace(LAB, (Edit(cell, old, new),))
+    with pytest.raises(ContractError, match=symptom):
+        contract.checker(*(namespace[name] for name in contract.functions), seed=seed)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_evict_variant_without_a_fault_is_the_reference_eviction(seed):
+    def evict(root, n_blocks, block_size):
+        cache = RadixCache.from_plain(root, block_size)
+        got = lab03.variant_evict(cache, n_blocks)
+        if got is None:
+            raise ValueError("too many")
+        root.clear()
+        root.update(cache.to_plain())
+        return got
+    lab03.check_radix_evict(ref.radix_release, evict, seed, cases=8)
+
+
+def test_malformed_radix_results_are_refused():
+    def wrecks_the_tree(root, tokens, block_size, now):
+        blocks = ref.radix_match(root, tokens, block_size, now)
+        for child in root["children"].values():
+            child["lock"] = "one"
+        return blocks
+
+    def never_refuses(root, n_blocks, block_size):
+        try:
+            return ref.radix_evict(root, n_blocks, block_size)
+        except ValueError:
+            return []
+
+    with pytest.raises(ContractError, match="no longer a valid radix tree.*lock"):
+        lab03.check_radix_match(wrecks_the_tree)
+    with pytest.raises(ContractError, match="int"):
+        lab03.check_radix_match(lambda root, tokens, bs, now: ["10"])
+    with pytest.raises(ContractError, match="must raise ValueError"):
+        lab03.check_radix_evict(ref.radix_release, never_refuses)
+    with pytest.raises(ContractError, match="must be a bool"):
+        lab03.check_load_or_recompute(lambda *a: dict(ref.load_or_recompute(*a), load_wins="yes"))
+    with pytest.raises(ContractError, match="lacks"):
+        lab03.check_load_or_recompute(lambda *a: {"load_s": 1.0})

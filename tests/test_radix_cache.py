@@ -121,3 +121,53 @@ def test_bad_input_is_refused_by_name_and_changes_nothing(call, error, message):
     with pytest.raises(error, match=message):
         call(cache, node)
     assert shape(cache) == before
+
+
+def test_the_plain_form_round_trips_and_find_changes_nothing():
+    rng = random.Random(1)
+    cache, next_id = RadixCache(block_size=3), 0
+    for _ in range(40):
+        tokens = [rng.choice([1, 2]) for _ in range(3 * rng.randrange(1, 5))]
+        n = len(tokens) // 3
+        cache.insert(tokens, list(range(next_id, next_id + n)))
+        next_id += n
+        if rng.random() < 0.3:
+            cache.acquire(cache.match(tokens).node)
+    plain = cache.to_plain()
+    copy = RadixCache.from_plain(plain, 3)
+    assert shape(copy) == shape(cache) and copy.to_plain() == plain
+    tick = max(n.last_access for n in cache.nodes())
+    some = next(iter(copy.root.children.values()))
+    assert copy.find(list(some.key)) is some and copy.find([]) is copy.root
+    assert copy.find(list(some.key[:2])) is None                    # not whole blocks
+    assert copy.to_plain() == plain                                  # find splits nothing and stamps nothing
+    copy.match(list(some.key))
+    assert some.last_access == tick + 1                              # the next tick is one past the tree's largest
+
+
+def _tree():
+    cache = RadixCache(block_size=2)
+    cache.insert([1, 2, 3, 4], [0, 1])
+    cache.insert([1, 2, 5, 6], [0, 2])
+    return cache.to_plain()
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (lambda t: t.update(extra=1), ArgumentTypeError, "exactly the keys"),
+    (lambda t: t["children"][(1, 2)].update(blocks=[0, 7]), ValueError, r"at tokens \[1, 2\]: its key holds 2 token ids for 2"),
+    (lambda t: t["children"][(1, 2)]["children"][(3, 4)].update(blocks=[2]), ValueError, "block 2 is held twice"),
+    (lambda t: t["children"][(1, 2)].update(lock=-1), ValueError, "lock"),
+    (lambda t: t["children"][(1, 2)]["children"][(3, 4)].update(lock=1), ValueError, "below the sum"),
+    (lambda t: t["children"].update({(9, 9): t["children"].pop((1, 2))}), ValueError, r"filed under \[9, 9\]"),
+    (lambda t: t["children"].update({"12": t["children"].pop((1, 2))}), ArgumentTypeError, "tuples of token ids"),
+    (lambda t: t["children"][(1, 2)].update(key=[1, 2.0]), ArgumentTypeError, r"key\[1\]"),
+    (lambda t: t["children"][(1, 2)].update(blocks=5), ArgumentTypeError, "list of block ids"),
+    (lambda t: t.update(key=[1, 2], blocks=[9]), ValueError, "root's key and blocks must be empty"),
+])
+def test_a_malformed_plain_tree_is_refused_by_name_and_left_unchanged(change, error, message):
+    tree = _tree()
+    change(tree)
+    before = repr(tree)
+    with pytest.raises(error, match=message):
+        RadixCache.from_plain(tree, 2)
+    assert repr(tree) == before

@@ -35,9 +35,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-from ..validation import integer, nonnegative_integer, positive_integer, token_ids
+from ..validation import ArgumentTypeError, integer, nonnegative_integer, positive_integer, token_ids
 
-__all__ = ["RadixNode", "RadixMatch", "RadixCache"]
+__all__ = ["RadixNode", "RadixMatch", "RadixCache", "PLAIN_FIELDS"]
+
+#: The fields of a node in the tree's plain-data form (:meth:`RadixCache.to_plain`).
+PLAIN_FIELDS = ("key", "blocks", "lock", "last_access", "children")
 
 
 @dataclass(eq=False)
@@ -139,6 +142,20 @@ class RadixCache:
         child.key, child.blocks, child.parent = child.key[blocks * bs:], child.blocks[blocks:], middle
         middle.children[child.key[:bs]] = child
         return middle
+
+    def find(self, tokens) -> RadixNode | None:
+        """The node whose path from the root holds exactly TOKENS (the root for none), or None when no node
+        ends there (a prefix that is not cached, ends inside an edge or is not whole blocks). Changes nothing:
+        no split, no tick.
+
+        Raises: ArgumentTypeError / ValueError for TOKENS that are not token ids."""
+        tokens = token_ids("tokens", tokens)
+        if len(tokens) % self.block_size:
+            return None
+        path, cut = self._walk(self._blocks_of(tokens))
+        if cut or sum(len(n.blocks) for n in path) * self.block_size != len(tokens):
+            return None
+        return path[-1] if path else self.root
 
     def nodes(self) -> Iterator[RadixNode]:
         """Every node but the root, parents before children."""
@@ -258,6 +275,88 @@ class RadixCache:
         child.last_access = max(child.last_access, parent.last_access)
         grand.children[child.key[:self.block_size]] = child
         parent.parent, parent.children = None, {}
+
+    # -- the tree as plain data ----------------------------------------------------------------
+    def to_plain(self) -> dict:
+        """The tree as nested dicts (what Lab 3's radix exercises take): every node, the root included,
+        is ``{"key": [token ids], "blocks": [block ids], "lock": int, "last_access": int, "children":
+        {tuple of the child's first block's token ids: child node}}`` (``PLAIN_FIELDS``); the root's key and
+        blocks are empty. Nothing is shared with the cache."""
+        def plain(node: RadixNode) -> dict:
+            return {"key": list(node.key), "blocks": list(node.blocks), "lock": node.lock,
+                    "last_access": node.last_access, "children": {}}
+
+        root = plain(self.root)
+        stack = [(self.root, root)]
+        while stack:
+            node, out = stack.pop()
+            for first, child in node.children.items():
+                out["children"][first] = plain(child)
+                stack.append((child, out["children"][first]))
+        return root
+
+    @classmethod
+    def from_plain(cls, root, block_size: int) -> "RadixCache":
+        """A cache holding the tree ROOT in the form :meth:`to_plain` gives; its next last-access tick is one
+        past the largest in the tree, so a :meth:`match` stamps the path with ``max last_access + 1``.
+
+        Raises: ArgumentTypeError / ValueError naming the node (by the token ids of its path) whose form is
+        wrong: not a dict of exactly ``PLAIN_FIELDS``, token or block ids that are not ints >= 0, a key that
+        is not ``block_size`` token ids per block, a non-root node without blocks, a child filed under other
+        tokens than its first block's, a negative count or tick, a block id held twice, a lock count below
+        the sum of its children's. Nothing else is read from ROOT, which is left unchanged."""
+        cache = cls(block_size)
+        bs = cache.block_size
+        ticks = [0]
+        stack: list[tuple[object, RadixNode | None, tuple, tuple[int, ...]]] = [(root, None, (), ())]
+        while stack:
+            plain, parent, first, path = stack.pop()
+            where = "the root" if parent is None else f"the node filed under {list(first)} after tokens {list(path)}"
+            if type(plain) is not dict or set(plain) != set(PLAIN_FIELDS):
+                raise ArgumentTypeError(f"{where} must be a dict with exactly the keys {', '.join(PLAIN_FIELDS)}, got "
+                                        f"{sorted(map(str, plain)) if type(plain) is dict else type(plain).__name__}")
+            key = tuple(token_ids(f"{where}: key", plain["key"]))
+            where = "the root" if parent is None else f"the node at tokens {list(path + key)}"
+            if type(plain["blocks"]) not in (list, tuple):
+                raise ArgumentTypeError(f"{where}: blocks must be a list of block ids, got "
+                                        f"{type(plain['blocks']).__name__}")
+            blocks = [nonnegative_integer(f"{where}: blocks[{i}]", b) for i, b in enumerate(plain["blocks"])]
+            if len(key) != bs * len(blocks) or (parent is not None and not blocks):
+                raise ValueError(f"{where}: its key holds {len(key)} token ids for {len(blocks)} blocks of {bs} "
+                                 "positions (every edge but the root's holds one or more whole blocks)")
+            if parent is not None and key[:bs] != first:
+                raise ValueError(f"{where}: filed under {list(first)}, but its first block's tokens are "
+                                 f"{list(key[:bs])}")
+            node = cache.root if parent is None else RadixNode(key=key, blocks=blocks, parent=parent)
+            if parent is None and key:
+                raise ValueError(f"the root's key and blocks must be empty, got {len(key)} token ids")
+            node.lock = nonnegative_integer(f"{where}: lock", plain["lock"])
+            node.last_access = nonnegative_integer(f"{where}: last_access", plain["last_access"])
+            ticks.append(node.last_access)
+            if parent is not None:
+                parent.children[first] = node
+            children = plain["children"]
+            if type(children) is not dict:
+                raise ArgumentTypeError(f"{where}: children must be a dict, got {type(children).__name__}")
+            for child_first, child in children.items():
+                if type(child_first) is not tuple:
+                    raise ArgumentTypeError(f"{where}: children are filed under tuples of token ids, got "
+                                            f"{type(child_first).__name__}")
+                stack.append((child, node, child_first, path + key))
+        seen: set[int] = set()
+        for node in cache.nodes():
+            clash = seen.intersection(node.blocks) or (len(set(node.blocks)) < len(node.blocks) and node.blocks)
+            if clash:
+                raise ValueError(f"block {sorted(clash)[0]} is held twice in the tree")
+            seen.update(node.blocks)
+            if node.lock < sum(c.lock for c in node.children.values()):
+                raise ValueError(f"{node!r}: its lock count is below the sum of its children's (a path held "
+                                 "through a child is held through its parent)")
+        cache._held = seen
+        cache.evictable_blocks = sum(len(n.blocks) for n in cache.nodes() if n.lock == 0)
+        cache._tick = itertools.count(max(ticks) + 1)
+        cache.check()
+        return cache
 
     # -- checking ------------------------------------------------------------------------------
     def check(self) -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ..validation import positive_number
 
-__all__ = ["Link", "LINKS", "load_seconds", "recompute_seconds", "break_even_bandwidth", "load_beats_recompute",
+__all__ = ["Link", "LINKS", "KVLayout", "KV_LAYOUTS_70B", "load_seconds", "recompute_seconds", "break_even_bandwidth", "load_beats_recompute",
            "prefill_rate_bound"]
 
 
@@ -50,6 +50,28 @@ LINKS: tuple[Link, ...] = (
          "bytes per 64-bit channel = 38.4 GB/s per channel, x 8 channels"),
     Link("NVMe SSD on PCIe 4.0 x4", 7e9, "a PCIe 4.0 x4 NVMe drive's rated sequential read, about 7 GB/s (the "
          "link itself carries about 7.9 GB/s)"),
+)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What one position of a model's KV cache holds: ``bytes_per_position`` over every layer."""
+
+    name: str
+    bytes_per_position: int
+    source: str
+
+
+#: A 70B-class model (80 layers, 64 query heads of width 128, bf16) with three caches. Full attention keeps
+#: K and V of all 64 heads; grouped-query attention of 8 KV heads (Llama 2/3 70B's layout); a compressed
+#: latent cache as DeepSeek-V2's multi-head latent attention keeps per layer one 512-wide latent and one
+#: 64-wide rotary key instead (DeepSeek-AI, "DeepSeek-V2", 2024, arXiv:2405.04434, section 2.1).
+KV_LAYOUTS_70B: tuple[KVLayout, ...] = (
+    KVLayout("full attention (64 KV heads)", 2 * 80 * 64 * 128 * 2, "2 (K and V) x 80 layers x 64 heads x 128 x 2 bytes"),
+    KVLayout("grouped-query attention (8 KV heads)", 2 * 80 * 8 * 128 * 2,
+             "2 (K and V) x 80 layers x 8 KV heads x 128 x 2 bytes (Ainslie et al., arXiv:2305.13245)"),
+    KVLayout("latent cache (MLA-like, 512 + 64 per layer)", 80 * (512 + 64) * 2,
+             "80 layers x (512 latent + 64 rotary key) x 2 bytes (arXiv:2405.04434)"),
 )
 
 

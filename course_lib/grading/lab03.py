@@ -10,15 +10,19 @@ hand-derived traces):
   only: the formulas are exact);
 - scheduling decisions: exactly the reference's plan (which requests are admitted, which
   are evicted, and each chunk's size, a decode being a one-position chunk);
-- the capacity search: the reference's sequence of probed rates and its result (to 1e-12).
+- the capacity search: the reference's sequence of probed rates and its result (to 1e-12);
+- the radix prefix cache (on plain data, ``RadixCache.to_plain``'s form): the returned block ids
+  and the whole tree after every call exactly equal to ``course_lib.cache.radix.RadixCache``'s;
+- load or recompute: the ``course_lib.cache.tiers`` figures within a relative 1e-9, the verdict exactly.
 
 When a contract fails, the checker evaluates the known faults of Lab 3 on the same inputs
 (memory and compute time summed instead of the max; a chunk charged only its own tokens in
 attention, without k*c; the oldest request evicted instead of the newest; a preempted
 request re-prefilling only its prompt; decodes left out of the position budget; TPOT divided
-by n_out; p99 ITL as the mean of per-request p99s; ...) and names those the learner's result
-equals. ``variant_step`` and ``variant_bisect`` are the reference rules with one fault
-switched on.
+by n_out; p99 ITL as the mean of per-request p99s; a locked leaf evicted; a count released at one
+node only; ...) and names those the learner's result equals. ``variant_step``, ``variant_bisect`` and
+``variant_evict`` are the reference rules with one fault switched on. A radix tree's other faults are
+named by their symptom (blocks lost or held twice by a split, a partly matched block returned).
 
 Learner signatures (a deployment is a ``course_lib.scheduling.Deployment``; ``iteration_time`` is
 the same function as ``course_lib.scheduling.iteration_time``, ``schedule_step`` as
@@ -27,24 +31,34 @@ the same function as ``course_lib.scheduling.iteration_time``, ``schedule_step``
     schedule_step(running, queue, deployment, budget=256, max_running=256) -> StepPlan
     serving_metrics(records, targets=(3.0, 0.1)) -> dict (ttft50, ttft99, itl50, itl99, tpot50, goodput)
     find_capacity(run, targets=(3.0, 0.1), lo=0.01, hi=4.0, steps=10) -> float
+    radix_match(root, tokens, block_size, now) -> list[int]           (root: a plain tree, changed in place)
+    radix_release(root, tokens, block_size) -> None                    (in place)
+    radix_evict(root, n_blocks, block_size) -> list[int]               (in place)
+    load_or_recompute(positions, kv_bytes_per_position, bandwidth, prefill_rate) -> dict
+        (load_s, recompute_s, break_even_bandwidth, load_wins)
 """
 from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Callable
+from collections import Counter
+from typing import Callable, Iterator
 
 import numpy as np
 
 from .. import scheduling as ref
+from ..cache import tiers
+from ..cache.radix import RadixCache
 from ..hardware import Device
 from ..scheduling import Deployment, Request, RequestRecord, StepPlan
-from .contracts import ContractError, attempts, check_own_function, check_real, close, named_faults
-from .tables import Contract, Edit, Fault, check_tables
+from .contracts import (ContractError, attempts, check_int_list, check_own_function, check_real, close,
+                        named_faults, with_diagnosis)
+from .tables import Contract, Edit, Fault, Writes, check_tables
 
 __all__ = ["check_iteration_time", "check_schedule_step", "check_step_in_a_run", "check_serving_metrics",
-           "check_find_capacity", "normalise_plan", "variant_step", "variant_bisect", "tiny_deployment",
-           "METRIC_NAMES", "RELATIVE", "CONTRACTS", "FAULTS"]
+           "check_find_capacity", "check_radix_match", "check_radix_evict", "check_load_or_recompute",
+           "normalise_plan", "variant_step", "variant_bisect", "variant_evict", "tiny_deployment",
+           "METRIC_NAMES", "TIER_KEYS", "RELATIVE", "CONTRACTS", "FAULTS"]
 
 #: Relative tolerance of the time and metric contracts (float rounding of exact formulas).
 RELATIVE = 1e-9
@@ -496,6 +510,364 @@ def check_find_capacity(fn: Callable, seed: int = 0, cases: int = 4) -> None:
         raise named_faults(err, matches)
 
 
+# -- exercises 5 and 6: the radix prefix cache on plain data --------------------------------------
+#: A drawn tree's token alphabet: small, so prompts share prefixes; a query's divergent tokens lie outside it.
+_ALPHABET = 4
+
+
+def _ticks(plain: dict) -> list[int]:
+    """Every last-access tick of a plain tree (``RadixCache.to_plain``'s form)."""
+    ticks, stack = [], [plain]
+    while stack:
+        node = stack.pop()
+        ticks.append(node["last_access"])
+        stack.extend(node["children"].values())
+    return ticks
+
+
+def _plain_nodes(plain: dict, path: tuple = ()) -> Iterator[tuple[tuple, dict]]:
+    """(token path, node) for every node of a plain tree below the root, parents first; tolerant of a malformed
+    tree (what is not a node dict is skipped), as it reads learners' trees before they are validated."""
+    stack = [(path, plain)]
+    while stack:
+        at, node = stack.pop()
+        children = node.get("children") if type(node) is dict else None
+        for child in (children.values() if type(children) is dict else ()):
+            if type(child) is dict:
+                key = child.get("key")
+                here = at + tuple(key) if type(key) in (list, tuple) else at
+                yield here, child
+                stack.append((here, child))
+
+
+def _block_ids(plain: dict) -> list[int]:
+    """The block ids a (possibly malformed) plain tree holds, repeats included."""
+    return [b for _, node in _plain_nodes(plain) if type(node.get("blocks")) in (list, tuple)
+            for b in node["blocks"] if type(b) is int]
+
+
+def _draw_radix(rng: random.Random, block_size: int, prompts: int) -> tuple[RadixCache, list[list[int]], list]:
+    """A radix cache built the way a server builds it: PROMPTS prompts, each sharing a prefix (whole blocks or
+    not) with an earlier one, cached under block ids in no order; every second one's path then held by a
+    running request (acquired) before later prompts renew other paths, so locked leaves are not the most
+    recent. Returns the cache, the prompts and the held nodes. Ticks come from the cache's own counter, so no
+    two nodes that are not on one path share one (an eviction order has no ties)."""
+    cache = RadixCache(block_size)
+    ids = iter(rng.sample(range(100, 100 + 64 * prompts), 64 * prompts))
+    cached: list[list[int]] = []
+    held = []
+    for p in range(prompts):
+        source = rng.choice(cached) if cached else []
+        tokens = source[:rng.randint(0, len(source))] + [rng.randrange(_ALPHABET)
+                                                         for _ in range(block_size * rng.randint(1, 3))]
+        tokens = tokens[:len(tokens) - len(tokens) % block_size]
+        found = cache.match(tokens)
+        cache.insert(tokens, list(found.blocks) + [next(ids) for _ in range(len(tokens) // block_size
+                                                                              - len(found.blocks))])
+        cached.append(tokens)
+        if p % 2 == 0 and rng.random() < 0.7:
+            node = cache.match(tokens).node
+            cache.acquire(node)
+            held.append(tokens)
+    return cache, cached, held
+
+
+def _radix_query(rng: random.Random, cached: list[list[int]], block_size: int, kind: str) -> list[int]:
+    """A request's tokens against a drawn tree: a cached prompt cut at a block boundary then diverging
+    (``boundary``), cut inside a block then diverging (``mid-block``) or ending there (``short``), extended
+    past its end (``longer``), or sharing nothing (``none``)."""
+    source = max(cached, key=len) if kind != "none" else []
+    other = lambda n: [_ALPHABET + rng.randrange(3) for _ in range(n)]       # tokens no cached prompt holds
+    if kind == "boundary":
+        return source[:block_size * rng.randint(1, len(source) // block_size)] + other(rng.randint(1, 2 * block_size))
+    if kind in ("mid-block", "short"):
+        cut = rng.choice([j for j in range(block_size + 1, len(source)) if j % block_size] or [len(source)])
+        return source[:cut] + (other(rng.randint(1, 2 * block_size)) if kind == "mid-block" else [])
+    if kind == "longer":
+        return source + other(rng.randint(1, 2 * block_size))
+    return other(rng.randint(1, 3 * block_size))
+
+
+def _depth(node) -> int:
+    """Nodes on the path from the root's child down to NODE (a ``RadixNode``; 0 for the root)."""
+    depth = 0
+    while node.parent is not None:
+        node, depth = node.parent, depth + 1
+    return depth
+
+
+def _learner_tree(what: str, plain, block_size: int) -> RadixCache:
+    """The learner's tree, validated as a cache (its form and invariants), or a ContractError saying what is wrong."""
+    try:
+        return RadixCache.from_plain(plain, block_size)
+    except (ValueError, RuntimeError) as exc:
+        raise ContractError(f"{what}: the tree is no longer a valid radix tree: {exc}") from None
+
+
+def _first_difference(got: dict, expected: dict, ignore_root_tick: bool = True) -> str:
+    """Where two valid plain trees first differ, in words ('' when they are the same)."""
+    stack = [((), got, expected)]
+    while stack:
+        path, g, e = stack.pop()
+        where = "the root" if not path else f"the node at tokens {list(path)}"
+        for field in ("key", "blocks", "lock", "last_access"):
+            if field == "last_access" and not path and ignore_root_tick:
+                continue
+            if (list(g[field]) != list(e[field])) if field in ("key", "blocks") else g[field] != e[field]:
+                return f"{where}: {field} is {g[field]!r}, expected {e[field]!r}"
+        if set(g["children"]) != set(e["children"]):
+            extra = sorted(map(list, set(g["children"]) - set(e["children"])))
+            missing = sorted(map(list, set(e["children"]) - set(g["children"])))
+            return (f"{where}: children under first blocks {sorted(map(list, g['children']))}, expected "
+                    f"{sorted(map(list, e['children']))}" + (f" (unexpected {extra})" if extra else "")
+                    + (f" (missing {missing})" if missing else ""))
+        for first in e["children"]:
+            child = e["children"][first]
+            stack.append((path + tuple(child["key"]), g["children"][first], child))
+    return ""
+
+
+def _match_diagnosis(before: dict, after, got: list[int], expected: list[int], tokens: list[int],
+                     block_size: int) -> list[str]:
+    """Symptoms of the known faults of a match with split, from the trees before and after it."""
+    found = []
+    lost = sorted(set(_block_ids(before)) - set(_block_ids(after)))
+    if lost:
+        found.append(f"blocks {lost} were in the tree before the match and are in no node after it: a split must "
+                     "leave the rest of the edge's blocks with the child (the new parent takes only the matched ones)")
+    repeated = sorted(b for b, n in Counter(_block_ids(after)).items() if n > 1)
+    if repeated:
+        found.append(f"blocks {repeated} are held by two nodes after the split: the child must keep only the blocks "
+                     "after the cut")
+    if len(got) > len(expected) and got[:len(expected)] == expected:
+        found.append("a block whose tokens matched only in part was offered for reuse: its later positions hold "
+                     "another prefix's K/V, so a match counts whole blocks only (round down)")
+    return found
+
+
+def _with_symptoms(err: str, symptoms: list[str]) -> ContractError:
+    """ERR with the symptoms the checker saw, as a likely diagnosis (none: ERR alone)."""
+    if not symptoms:
+        return ContractError(err)
+    return with_diagnosis(err, symptoms[0] if len(symptoms) == 1 else "".join(f"\n  - {s}" for s in symptoms))
+
+
+def check_radix_match(fn: Callable, seed: int = 0, cases: int = 3) -> None:
+    """Contract: fn(root, tokens, block_size, now) on a plain radix tree (``RadixCache.to_plain``'s form:
+    nested dicts of key, blocks, lock, last_access, children) does what ``RadixCache.match`` does, in place:
+    returns the block ids (a list of ints) of the longest cached prefix of TOKENS in whole blocks; splits an
+    edge matched in part at the last whole matched block (a new node takes the matched part, its blocks,
+    the child's lock count, and becomes the child's parent; the child keeps the rest and its children);
+    sets ``last_access = now`` on every node of the matched path (the root's tick is not compared). Each
+    case is a tree built by a server's inserts and held paths, with block sizes 1 to 4, and a run of
+    queries on it: a cut at a block boundary, divergence inside a block, a request ending inside a block,
+    one longer than anything cached and one sharing nothing. After each call the tree must equal the
+    reference's exactly."""
+    check_own_function("radix_match", fn)
+    rng = random.Random(seed)
+    for case in range(cases):
+        block_size = (2, 3, 1)[case] if case < 3 else rng.randint(1, 4)
+        cache, cached, _ = _draw_radix(rng, block_size, prompts=rng.randint(4, 7))
+        for kind in ("mid-block", "boundary", "short", "longer", "none", "mid-block"):
+            tokens = _radix_query(rng, cached, block_size, kind)
+            root, before = cache.to_plain(), cache.to_plain()
+            now = max(_ticks(before)) + 1
+            what = f"radix_match(case {case}, block_size {block_size}, tokens {tokens}, now {now})"
+            got = check_int_list(what, fn(root, list(tokens), block_size, now))
+            expected = list(cache.match(tokens).blocks)
+            want = cache.to_plain()
+            symptoms = _match_diagnosis(before, root, got, expected, tokens, block_size)
+            if got != expected:
+                raise _with_symptoms(f"{what}: returned blocks {got}, expected {expected} (the longest cached "
+                                     "prefix in whole blocks)", symptoms)
+            if symptoms:
+                raise _with_symptoms(f"{what}: the tree after the match is wrong", symptoms)
+            learner = _learner_tree(what, root, block_size)
+            difference = _first_difference(learner.to_plain(), want)
+            if difference:
+                raise ContractError(f"{what}: after the match, {difference}")
+
+
+# -- exercise 6: a finished request lets go; eviction under locks -----------------------------------------
+def variant_evict(cache: RadixCache, n_blocks: int, *, oldest_first: bool = True, bottom_up: bool = True,
+                  fold: bool = True) -> list[int] | None:
+    """``RadixCache.evict`` with one known fault switched on, on CACHE (changed in place; the checker passes a
+    copy): the most recently used leaf first
+    (oldest_first=False), a parent left without children never a candidate (bottom_up=False), a parent left
+    with one child never folded into it (fold=False). With no flag it evicts as the reference does; None
+    when the variant runs out of candidates."""
+    candidates = [n for n in cache.nodes() if not n.children and n.lock == 0]
+    evicted: list[int] = []
+    while len(evicted) < n_blocks:
+        if not candidates:
+            return None
+        leaf = (min if oldest_first else max)(candidates, key=lambda n: n.last_access)
+        candidates.remove(leaf)
+        parent = leaf.parent
+        del parent.children[leaf.key[:cache.block_size]]
+        evicted.extend(leaf.blocks)
+        if parent is cache.root:
+            continue
+        if not parent.children and parent.lock == 0:
+            if bottom_up:
+                candidates.append(parent)
+        elif len(parent.children) == 1 and fold:
+            (child,) = parent.children.values()
+            if child.lock == parent.lock:
+                grand = parent.parent
+                del grand.children[parent.key[:cache.block_size]]
+                child.key, child.blocks, child.parent = parent.key + child.key, parent.blocks + child.blocks, grand
+                child.last_access = max(child.last_access, parent.last_access)
+                grand.children[child.key[:cache.block_size]] = child
+    return evicted
+
+
+_EVICT_FAULTS = {
+    "the most recently used leaf evicted first (least recently used first: smallest last_access)":
+        dict(oldest_first=False),
+    "a parent left without children never became a candidate (eviction goes bottom up: such a parent is a "
+    "leaf now, evictable when nobody holds it)": dict(bottom_up=False),
+    "a parent left with one child was not folded into it (the child takes the parent's key and blocks in "
+    "front of its own and the larger last_access; the order of later evictions depends on it)": dict(fold=False),
+}
+
+
+def check_radix_evict(release: Callable, evict: Callable, seed: int = 0, cases: int = 3) -> None:
+    """Contract: on a plain radix tree (``RadixCache.to_plain``'s form) with paths held by running requests,
+    release(root, tokens, block_size) does what ``RadixCache.release`` does for the node TOKENS end at
+    (lowers the lock count of every node on its path from the root, in place), and evict(root, n_blocks,
+    block_size) what ``RadixCache.evict`` does: evicts at least N_BLOCKS blocks, the least recently used
+    unlocked leaf first, bottom up (a parent left a leaf joins the candidates when nobody holds it), folds a
+    parent left with one child and the same lock count into that child (the child takes the parent's key and
+    blocks in front of its own and the larger last_access) and returns the evicted block ids in order;
+    asked for more blocks than unlocked nodes hold, it raises ValueError. Each case releases a held path of
+    two or more nodes, then evicts twice, then asks for one block too many. After each call the tree must
+    equal the reference's exactly."""
+    check_own_function("radix_release", release)
+    check_own_function("radix_evict", evict)
+    rng = random.Random(seed)
+    for case in range(cases):
+        for _ in attempts("Lab 3"):
+            block_size = (2, 1, 3)[case] if case < 3 else rng.randint(1, 4)
+            cache, cached, held = _draw_radix(rng, block_size, prompts=rng.randint(6, 9))
+            deep = [t for t in held if _depth(cache.find(t)) >= 2]
+            if deep and cache.evictable_blocks >= 2:
+                break
+        tokens = rng.choice(deep)
+        root, before = cache.to_plain(), cache.to_plain()
+        what = f"radix_release(case {case}, block_size {block_size}, tokens {tokens})"
+        release(root, list(tokens), block_size)
+        cache.release(cache.find(tokens))
+        learner = _learner_tree(what, root, block_size)
+        difference = _first_difference(learner.to_plain(), cache.to_plain(), ignore_root_tick=False)
+        if difference:
+            only_last = RadixCache.from_plain(before, block_size)
+            only_last.find(tokens).lock -= 1
+            raise named_faults(f"{what}: after the release, {difference}", [
+                "a finished request's count released only at the node its tokens end at (every node of the path, "
+                "from the root's child down, holds one count for it)"] if learner.to_plain() == only_last.to_plain()
+                else [])
+        for step in range(2):
+            n_blocks = rng.randint(1, max(1, cache.evictable_blocks // 2)) if step == 0 else cache.evictable_blocks
+            if n_blocks == 0:
+                break
+            what = f"radix_evict(case {case}, step {step}, block_size {block_size}, n_blocks {n_blocks})"
+            before = cache.to_plain()
+            got = check_int_list(what, evict(root, n_blocks, block_size))
+            expected = cache.evict(n_blocks)
+            held = sorted(set(got) & {b for n in RadixCache.from_plain(before, block_size).nodes() if n.lock
+                                      for b in n.blocks})
+            if held:
+                raise with_diagnosis(f"{what}: evicted {got}, expected {expected}", f"blocks {held} belong to nodes "
+                                     "a running request holds (lock count > 0): a locked node is never evicted",
+                                     likely=False)
+            if got != expected:
+                raise named_faults(f"{what}: evicted {got}, expected {expected}", [
+                    name for name, flags in _EVICT_FAULTS.items()
+                    if variant_evict(RadixCache.from_plain(before, block_size), n_blocks, **flags) == got])
+            learner = _learner_tree(what, root, block_size)
+            difference = _first_difference(learner.to_plain(), cache.to_plain(), ignore_root_tick=False)
+            if difference:
+                raise ContractError(f"{what}: after the eviction, {difference} (a parent left with one child and "
+                                    "the same lock count is folded into it)")
+        what = f"radix_evict(case {case}, n_blocks {cache.evictable_blocks + 1}, one more than the unlocked nodes hold)"
+        try:
+            evict(root, cache.evictable_blocks + 1, block_size)
+        except ValueError:
+            continue
+        raise ContractError(f"{what} must raise ValueError (nothing can free that many blocks)")
+
+
+# -- exercise 7: load a saved prefix or recompute it -----------------------------------------------------
+TIER_KEYS = ("load_s", "recompute_s", "break_even_bandwidth", "load_wins")
+
+
+def _tier_variants(L: float, S: float, B: float, T: float) -> dict[str, dict]:
+    """The tiered-cache answer with each known fault, on the same inputs."""
+    return {
+        "the bandwidth read as bits per second (a link's bytes/s are its bits/s / 8; here B is already in "
+        "bytes/s)": {"load_s": L * S * 8 / B},
+        "the break-even bandwidth multiplied by the prefix length (T * S_kv is bytes per second, whatever L)":
+            {"break_even_bandwidth": L * T * S},
+        "the break-even bandwidth as S_kv / T instead of T * S_kv (positions per second times bytes per "
+        "position)": {"break_even_bandwidth": S / T},
+        "loading said to win at the break-even point (it wins only when T * S_kv < B: equal times are no "
+        "gain)": {"load_wins": T * S <= B},
+        "the verdict reversed (loading wins when the link is faster than the break-even bandwidth)":
+            {"load_wins": T * S > B},
+    }
+
+
+def check_load_or_recompute(fn: Callable, seed: int = 0, cases: int = 6) -> None:
+    """Contract: fn(positions, kv_bytes_per_position, bandwidth, prefill_rate) returns a dict with
+    ``load_s`` = L * S_kv / B and ``recompute_s`` = L / T (seconds), ``break_even_bandwidth`` = T * S_kv
+    (bytes/s) within a relative 1e-9 of ``course_lib.cache.tiers``, and ``load_wins`` (a bool) =
+    T * S_kv < B. Case 0 is this machine's measured SmolLM2-135M row of docs/kv_cache.md (1,024 positions of
+    46,080 bytes, 488 positions/s, a 17 GB/s memory copy); case 1 sits exactly at the break-even point
+    (dyadic numbers: T * S_kv == B, loading does not win); case 2 is a 70B-class model with full attention
+    over an NVMe SSD (recompute wins); the rest are drawn from the seed."""
+    check_own_function("load_or_recompute", fn)
+    rng = random.Random(seed)
+    for case in range(cases):
+        if case == 0:
+            L, S, B, T = 1024, 46_080, 17e9, 488.0
+        elif case == 1:
+            L, S, T = rng.randint(1, 4096), 2 ** rng.randint(10, 20), 2.0 ** rng.randint(4, 12)
+            B = T * S
+        elif case == 2:
+            L, S = 2048, tiers.KV_LAYOUTS_70B[0].bytes_per_position
+            B, T = next(link for link in tiers.LINKS if "SSD" in link.name).bandwidth, \
+                tiers.prefill_rate_bound(70e9, 989e12, 0.5)
+        else:
+            L, S = rng.randint(1, 100_000), rng.randint(1_000, 3_000_000)
+            T, B = 10 ** rng.uniform(1, 4.5), 10 ** rng.uniform(6, 11.5)
+        what = f"load_or_recompute(case {case}: {L} positions, {S} bytes each, bandwidth {B:.6g} B/s, {T:.6g} positions/s)"
+        got = fn(L, S, B, T)
+        if type(got) is not dict:
+            raise ContractError(f"{what} must return a dict, got {type(got).__qualname__}")
+        missing = [key for key in TIER_KEYS if key not in got]
+        if missing:
+            raise ContractError(f"{what}: the dict lacks {', '.join(map(repr, missing))} (needs {', '.join(TIER_KEYS)})")
+        expected = {"load_s": tiers.load_seconds(L, S, B), "recompute_s": tiers.recompute_seconds(L, T),
+                    "break_even_bandwidth": tiers.break_even_bandwidth(T, S),
+                    "load_wins": tiers.load_beats_recompute(T, S, B)}
+        for key in TIER_KEYS:
+            if key == "load_wins":
+                if type(got[key]) not in (bool, np.bool_):
+                    raise ContractError(f"{what}['load_wins'] must be a bool, got {type(got[key]).__qualname__}")
+                ok = bool(got[key]) == expected[key]
+                value = bool(got[key])
+            else:
+                value = check_real(f"{what}[{key!r}]", got[key])
+                ok = _close(value, expected[key])
+            if ok:
+                continue
+            err = f"{what}: {key} expected {expected[key]!r}, got {value!r}"
+            raise named_faults(err, [name for name, values in _tier_variants(L, S, B, T).items()
+                                     if key in values and (values[key] == value if key == "load_wins"
+                                                           else _close(value, values[key]))])
+
+
 # -- the lab's declared tables (see tables.py) -------------------------------------------------
 CONTRACTS = (
     Contract("test_iteration_time", check_iteration_time, ("iteration_time",),
@@ -508,6 +880,13 @@ CONTRACTS = (
              references=("course_lib.scheduling.metrics.metrics",)),
     Contract("test_find_capacity", check_find_capacity, ("find_capacity",),
              references=("course_lib.scheduling.capacity_search.capacity",)),
+    Contract("test_radix_match", check_radix_match, ("radix_match",), writes=Writes(args=(0,)),
+             references=("course_lib.cache.radix.RadixCache.match",)),
+    Contract("test_radix_evict", check_radix_evict, ("radix_release", "radix_evict"), writes=Writes(args=(0,)),
+             references=("course_lib.cache.radix.RadixCache.release", "course_lib.cache.radix.RadixCache.evict")),
+    Contract("test_load_or_recompute", check_load_or_recompute, ("load_or_recompute",),
+             references=("course_lib.cache.tiers.load_seconds", "course_lib.cache.tiers.recompute_seconds",
+                         "course_lib.cache.tiers.break_even_bandwidth", "course_lib.cache.tiers.load_beats_recompute")),
 )
 
 FAULTS = (
@@ -555,5 +934,24 @@ FAULTS = (
                 '"itl99": float(np.mean([np.quantile(g, 0.99) for g in gaps if len(g)]))'),),
           {"test_serving_metrics": "mean of per-request p99s"},
           "averages per-request p99 gaps instead of pooling every gap"),
+    Fault("split_drops_child_blocks",
+          (Edit("radix_match", 'child["key"], child["blocks"] = child["key"][cut:], child["blocks"][blocks:]',
+                'child["key"], child["blocks"] = child["key"][cut:], []'),),
+          {"test_radix_match": "are in no node after it"},
+          "splits an edge without leaving the rest of its blocks with the child"),
+    Fault("partial_block_reused",
+          (Edit("radix_match", "full = same // block_size           # whole blocks only",
+                "full = -(-same // block_size)      # a block matched in part counts too"),),
+          {"test_radix_match": "matched only in part was offered for reuse"},
+          "rounds a match up to the block its tokens reach, offering a partly matched block for reuse"),
+    Fault("evict_locked_node",
+          (Edit("radix_evict", 'candidates = [n for n in nodes if not n["children"] and n["lock"] == 0]',
+                'candidates = [n for n in nodes if not n["children"]]'),),
+          {"test_radix_evict": "a locked node is never evicted"},
+          "lets eviction take leaves a running request holds"),
+    Fault("count_not_released",
+          (Edit("radix_evict", '    for node in path:\n        node["lock"] -= 1', '    path[-1]["lock"] -= 1'),),
+          {"test_radix_evict": "released only at the node its tokens end at"},
+          "releases a finished request's count on the last node of its path only"),
 )
 check_tables(CONTRACTS, FAULTS)
