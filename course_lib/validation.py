@@ -249,7 +249,7 @@ def token_ids(name: str, value: Any, *, vocab_size: int | None = None) -> list[i
     if kind.__module__.startswith("torch") and hasattr(value, "dim"):
         integer_tensor(name, value, ranks=(1,), layout="(T,)", minimum=0, maximum=maximum, note=note)
         return [int(t) for t in value.tolist()]
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable) or getattr(value, "ndim", 1) != 1:
         raise ArgumentTypeError(f"{name} must be a sequence of int token ids or a 1-D integer tensor, got "
                                 f"{_given(value)}")
     return [integer(f"{name}[{i}]", t, minimum=0, maximum=maximum, note=note) for i, t in enumerate(value)]

@@ -171,3 +171,16 @@ def test_a_malformed_plain_tree_is_refused_by_name_and_left_unchanged(change, er
     with pytest.raises(error, match=message):
         RadixCache.from_plain(tree, 2)
     assert repr(tree) == before
+
+
+def test_a_tree_with_a_cycle_or_a_shared_node_is_refused_at_once():
+    tree = _tree()
+    node = tree["children"][(1, 2)]
+    node["children"][(1, 2)] = node                                  # a node filed under itself
+    with pytest.raises(ValueError, match="reached twice"):
+        RadixCache.from_plain(tree, 2)
+    tree = _tree()
+    shared = tree["children"][(1, 2)]["children"][(3, 4)]
+    tree["children"][(3, 4)] = shared                                # one node under two parents
+    with pytest.raises(ValueError, match="reached twice"):
+        RadixCache.from_plain(tree, 2)

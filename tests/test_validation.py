@@ -391,3 +391,12 @@ def test_meta_tensors_are_refused_where_they_enter_naming_the_argument_and_the_d
         except Exception as error:                               # noqa: BLE001 - reported below
             failures.append(f"{label}: {type(error).__name__}: {error}")
     assert not failures, "\n".join(failures)
+
+
+def test_a_zero_dimensional_array_is_not_a_sequence_of_token_ids():
+    import numpy as np
+
+    from course_lib.validation import ArgumentTypeError, token_ids
+    with pytest.raises(ArgumentTypeError, match="sequence of int token ids"):
+        token_ids("key", np.array(5))
+    assert token_ids("key", np.array([1, 2])) == [1, 2]

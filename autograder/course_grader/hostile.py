@@ -48,7 +48,7 @@ from .paths import REPO_ROOT as ROOT
 WORK = ROOT / "build" / "grading-hostile"
 OLD_GRADEBOOK = ROOT / "build" / "grading" / "course" / "gradebook.db"
 CELL_TIMEOUT = 60  # seconds: the loops below time out in a minute, not in the default 300 s
-L1, L2 = "01_roofline", "02_kv_cache"
+L1, L2, L3 = "01_roofline", "02_kv_cache", "03_scheduling"
 
 # The wrong prefill_time most attacks defend: right on the visible case model only (so its visible
 # asserts pass), 1 % high elsewhere (4 significant figures are checked).
@@ -913,6 +913,97 @@ def score_suffixes(model, prefix, suffixes):
         emb._forward_hooks.update(saved)'''
 
 
+# Lab 3's radix exercises change their tree argument in place, and the judge applies the kernel's
+# writes to its own copy: a learner who knows when the judge calls can write a cycle into it.
+_JUDGED = '''
+import sys as _sys
+
+
+def _judged():
+    """True inside a call the grading judge made (the harness's answer_call is on the stack)."""
+    frame = _sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "answer_call":
+            return True
+        frame = frame.f_back
+    return False'''
+
+
+def a_radix_cycle(nb):
+    """Lab 3 (13 of 19): correct in the kernel, but in the judge's calls radix_match files a node under
+    itself and radix_release a leaf under itself, so the judge's copy of the tree holds a cycle; both
+    checks must fail at once (a walk of the tree must not loop) and nothing else move."""
+    replace_in(nb, "radix_match", "def radix_match(", "def _radix_match(")
+    append_to(nb, "radix_match", _JUDGED + '''
+
+
+def radix_match(root, tokens, block_size, now):
+    blocks = _radix_match(root, tokens, block_size, now)
+    if _judged():
+        node = next(iter(root["children"].values()))
+        node["children"][(-2,)] = node          # a node that is its own child
+    return blocks''')
+    replace_in(nb, "radix_evict", "def radix_release(", "def _radix_release(")
+    append_to(nb, "radix_evict", _JUDGED + '''
+
+
+def radix_release(root, tokens, block_size):
+    _radix_release(root, tokens, block_size)
+    if _judged():
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node["children"].values())
+            if node is not root and not node["children"]:
+                node["children"][tuple(node["key"][:block_size])] = node      # a leaf under itself
+                break''')
+
+
+def a_reference_wrappers_l3(nb):
+    """Lab 3 (19 of 19, flagged): the radix exercises through RadixCache's private steps (_walk,
+    _matched, _path) and through the checker's own fault model with no fault on (variant_evict)."""
+    replace_in(nb, "radix_match", "def radix_match(", "def _unused_radix_match(")
+    append_to(nb, "radix_match", '''
+from course_lib.cache.radix import RadixCache as _Cache
+
+
+def radix_match(root, tokens, block_size, now):
+    cache = _Cache.from_plain(root, block_size)                  # its next tick is now
+    found = cache._matched(*cache._walk(cache._blocks_of(list(tokens))))
+    root.clear()
+    root.update(cache.to_plain())
+    return list(found.blocks)''')
+    replace_in(nb, "radix_evict", "def radix_release(", "def _unused_radix_release(")
+    replace_in(nb, "radix_evict", "def radix_evict(", "def _unused_radix_evict(")
+    append_to(nb, "radix_evict", '''
+from course_lib.cache.radix import RadixCache as _Cache
+from course_lib.grading import lab03 as _lab03
+
+
+def radix_release(root, tokens, block_size):
+    cache = _Cache.from_plain(root, block_size)
+    for node in cache._path(cache.find(tokens)):
+        node.lock -= 1
+    root.clear()
+    root.update(cache.to_plain())
+
+
+def radix_evict(root, n_blocks, block_size):
+    cache = _Cache.from_plain(root, block_size)
+    if n_blocks > cache.evictable_blocks:
+        raise ValueError("not that many unlocked blocks")
+    evicted = _lab03.variant_evict(cache, n_blocks)
+    root.clear()
+    root.update(cache.to_plain())
+    return evicted''')
+
+
+HOSTILE_L3 = {
+    "radix_cycle": a_radix_cycle,
+    "reference_wrappers": a_reference_wrappers_l3,
+}
+
+
 HOSTILE_L2 = {
     "patched_torch": a_patched_torch,
     "lying_objects": a_lying_objects,
@@ -934,8 +1025,11 @@ EXPECTED_REUSE = {
     ("reference_wrappers", L2): {"test_apply_rope": "course_lib.models.rope.apply_rope",
                                  "test_attend_with_cache": "course_lib.models.attention.attend_with_cache",
                                  "test_generate_with_cache": "course_lib.models.decoder.generate_cached"},
+    ("reference_wrappers", L3): {"test_radix_match": "course_lib.cache.radix.RadixCache._walk",
+                                 "test_radix_evict": "course_lib.grading.lab03.variant_evict"},
     ("bystander_solution", L1): {},
     ("bystander_solution", L2): {},
+    ("bystander_solution", L3): {},
 }
 REUSE_NOTE = re.compile(r"reuses reference (?P<refs>[\w., ]+?) in (?P<test>test_\w+) \(")
 
@@ -971,7 +1065,7 @@ def build(root: Path = HOSTILE) -> None:
                 path.unlink()
             elif path.is_dir():
                 path.rmdir() if not any(path.iterdir()) else None
-    solved = {lab: nbformat.read(SAMPLES / "solution" / lab / f"{lab}.ipynb", as_version=4) for lab in (L1, L2)}
+    solved = {lab: nbformat.read(SAMPLES / "solution" / lab / f"{lab}.ipynb", as_version=4) for lab in (L1, L2, L3)}
 
     def write(learner: str, lab: str, nb, name: str | None = None) -> None:
         path = root / learner / lab / (name or f"{lab}.ipynb")
@@ -984,10 +1078,11 @@ def build(root: Path = HOSTILE) -> None:
     # bystanders: graded in the same batch; their scores and gradebook rows must not move
     write("bystander_solution", L1, solved[L1])
     write("bystander_solution", L2, solved[L2])
+    write("bystander_solution", L3, solved[L3])
     write("bystander, with a comma", L1, solved[L1])          # CSV quoting of learner ids
     fault = nbformat.read(SAMPLES / "fault_sum_not_max" / L1 / f"{L1}.ipynb", as_version=4)
     write("bystander_fault", L1, fault)
-    for lab, table in ((L1, HOSTILE_L1), (L2, HOSTILE_L2)):
+    for lab, table in ((L1, HOSTILE_L1), (L2, HOSTILE_L2), (L3, HOSTILE_L3)):
         for learner, edit in table.items():
             nb = copy.deepcopy(solved[lab])
             edit(nb)

@@ -304,14 +304,20 @@ class RadixCache:
         wrong: not a dict of exactly ``PLAIN_FIELDS``, token or block ids that are not ints >= 0, a key that
         is not ``block_size`` token ids per block, a non-root node without blocks, a child filed under other
         tokens than its first block's, a negative count or tick, a block id held twice, a lock count below
-        the sum of its children's. Nothing else is read from ROOT, which is left unchanged."""
+        the sum of its children's, a dict reached twice (a cycle or a node under two parents). Nothing else is
+        read from ROOT, which is left unchanged."""
         cache = cls(block_size)
         bs = cache.block_size
         ticks = [0]
+        seen: set[int] = set()     # ids of the dicts read: a dict reached twice is a cycle or a shared subtree
         stack: list[tuple[object, RadixNode | None, tuple, tuple[int, ...]]] = [(root, None, (), ())]
         while stack:
             plain, parent, first, path = stack.pop()
             where = "the root" if parent is None else f"the node filed under {list(first)} after tokens {list(path)}"
+            if id(plain) in seen:
+                raise ValueError(f"{where} is reached twice from the root (a cycle, or one node under two parents): "
+                                 "a tree holds each node once")
+            seen.add(id(plain))
             if type(plain) is not dict or set(plain) != set(PLAIN_FIELDS):
                 raise ArgumentTypeError(f"{where} must be a dict with exactly the keys {', '.join(PLAIN_FIELDS)}, got "
                                         f"{sorted(map(str, plain)) if type(plain) is dict else type(plain).__name__}")
@@ -343,16 +349,16 @@ class RadixCache:
                     raise ArgumentTypeError(f"{where}: children are filed under tuples of token ids, got "
                                             f"{type(child_first).__name__}")
                 stack.append((child, node, child_first, path + key))
-        seen: set[int] = set()
+        held: set[int] = set()
         for node in cache.nodes():
-            clash = seen.intersection(node.blocks) or (len(set(node.blocks)) < len(node.blocks) and node.blocks)
+            clash = held.intersection(node.blocks) or (len(set(node.blocks)) < len(node.blocks) and node.blocks)
             if clash:
                 raise ValueError(f"block {sorted(clash)[0]} is held twice in the tree")
-            seen.update(node.blocks)
+            held.update(node.blocks)
             if node.lock < sum(c.lock for c in node.children.values()):
                 raise ValueError(f"{node!r}: its lock count is below the sum of its children's (a path held "
                                  "through a child is held through its parent)")
-        cache._held = seen
+        cache._held = held
         cache.evictable_blocks = sum(len(n.blocks) for n in cache.nodes() if n.lock == 0)
         cache._tick = itertools.count(max(ticks) + 1)
         cache.check()

@@ -516,24 +516,21 @@ _ALPHABET = 4
 
 
 def _ticks(plain: dict) -> list[int]:
-    """Every last-access tick of a plain tree (``RadixCache.to_plain``'s form)."""
-    ticks, stack = [], [plain]
-    while stack:
-        node = stack.pop()
-        ticks.append(node["last_access"])
-        stack.extend(node["children"].values())
-    return ticks
+    """Every last-access tick of a plain tree the checker built (``RadixCache.to_plain``'s form)."""
+    return [plain["last_access"]] + [node["last_access"] for _, node in _plain_nodes(plain)]
 
 
 def _plain_nodes(plain: dict, path: tuple = ()) -> Iterator[tuple[tuple, dict]]:
     """(token path, node) for every node of a plain tree below the root, parents first; tolerant of a malformed
-    tree (what is not a node dict is skipped), as it reads learners' trees before they are validated."""
-    stack = [(path, plain)]
+    tree (what is not a node dict is skipped, a dict reached again is not read again: a learner's tree may
+    hold a cycle), as it reads learners' trees before they are validated."""
+    stack, seen = [(path, plain)], {id(plain)}
     while stack:
         at, node = stack.pop()
         children = node.get("children") if type(node) is dict else None
         for child in (children.values() if type(children) is dict else ()):
-            if type(child) is dict:
+            if type(child) is dict and id(child) not in seen:
+                seen.add(id(child))
                 key = child.get("key")
                 here = at + tuple(key) if type(key) in (list, tuple) else at
                 yield here, child
@@ -875,15 +872,19 @@ CONTRACTS = (
                          "course_lib.scheduling.cost.iteration_work")),
     Contract("test_schedule_step", check_schedule_step, ("schedule_step",),
              references=("course_lib.scheduling.step.chunked_step", "course_lib.scheduling.step.admit",
-                         "course_lib.scheduling.step.plan_chunks", "course_lib.scheduling.step.evictions")),
+                         "course_lib.scheduling.step.plan_chunks", "course_lib.scheduling.step.evictions",
+                         "course_lib.grading.lab03.variant_step")),
     Contract("test_serving_metrics", check_serving_metrics, ("serving_metrics",),
              references=("course_lib.scheduling.metrics.metrics",)),
     Contract("test_find_capacity", check_find_capacity, ("find_capacity",),
-             references=("course_lib.scheduling.capacity_search.capacity",)),
+             references=("course_lib.scheduling.capacity_search.capacity", "course_lib.grading.lab03.variant_bisect")),
     Contract("test_radix_match", check_radix_match, ("radix_match",), writes=Writes(args=(0,)),
-             references=("course_lib.cache.radix.RadixCache.match",)),
+             references=("course_lib.cache.radix.RadixCache.match", "course_lib.cache.radix.RadixCache._walk",
+                         "course_lib.cache.radix.RadixCache._matched", "course_lib.cache.radix.RadixCache._split")),
     Contract("test_radix_evict", check_radix_evict, ("radix_release", "radix_evict"), writes=Writes(args=(0,)),
-             references=("course_lib.cache.radix.RadixCache.release", "course_lib.cache.radix.RadixCache.evict")),
+             references=("course_lib.cache.radix.RadixCache.release", "course_lib.cache.radix.RadixCache.evict",
+                         "course_lib.cache.radix.RadixCache._path", "course_lib.cache.radix.RadixCache._fold",
+                         "course_lib.grading.lab03.variant_evict")),
     Contract("test_load_or_recompute", check_load_or_recompute, ("load_or_recompute",),
              references=("course_lib.cache.tiers.load_seconds", "course_lib.cache.tiers.recompute_seconds",
                          "course_lib.cache.tiers.break_even_bandwidth", "course_lib.cache.tiers.load_beats_recompute")),

@@ -135,7 +135,9 @@ class Contract:
             the exercise asks for: its reference implementations
             (``"course_lib.roofline.kv_bytes_per_token"``). The grader flags the test when the
             learner's functions reach one of them (``course_grader.provenance``); library
-            helpers the exercise may use (model configs, loaders, validation) are not listed.
+            helpers the exercise may use (model configs, loaders, validation) are not listed. A
+            checker's fault model (``variant_*`` of the lab's grading module) is listed too: with no
+            fault switched on, it computes the answer.
         probes: submodules of the objects the checker passes whose forward calls it observes
             (``Probe``), which the judge mirrors from the learner's kernel.
         launcher: for a kernel exercise, the key of ``course_lib.kernels.exercise.LAUNCHERS``
