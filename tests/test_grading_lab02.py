@@ -188,3 +188,100 @@ def test_mutating_the_inputs_a_checker_reads_does_not_pass():
 
     with pytest.raises((ContractError, ValueError)):  # refused by the checker or by the pool's own checks
         lab02.check_paged(append_zeroing, read_zeros, seed=0)
+
+
+# -- the decoder's blocks (exercises 1-4) ---------------------------------------------------------
+def _rms_without_weight(x, weight, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def test_blocks_forward_names_the_rms_norm_faults():
+    """On SmolLM2's real weights: the weight left out and eps outside the square root are named; an
+    answer in another dtype or shape is refused before any value is compared."""
+    with pytest.raises(ContractError, match=r"(?s)embedded tokens.*Diagnosis:.*weight \(the learned per-channel "
+                                            r"scale\) not applied"):
+        lab02.check_blocks_forward(_rms_without_weight, ref.swiglu, seed=1)
+    with pytest.raises(ContractError, match="eps added outside the square root"):
+        lab02.check_blocks_forward(lambda x, w, eps: x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w,
+                                   ref.swiglu, seed=1)
+    with pytest.raises(ContractError, match="must have dtype torch.float32, got torch.float64"):
+        lab02.check_blocks_forward(lambda x, w, eps: ref.rms_norm(x, w, eps).double(), ref.swiglu, seed=0)
+    with pytest.raises(ContractError, match=r"swiglu\(case 0.*must have shape"):
+        lab02.check_blocks_forward(ref.rms_norm, lambda x, g, u, d: torch.nn.functional.silu(x @ g.T) * (x @ u.T),
+                                   seed=0)
+
+
+def test_blocks_forward_names_swiglu_faults_and_refuses_what_is_not_a_model():
+    silu = torch.nn.functional.silu
+    with pytest.raises(ContractError, match="silu applied to the up projection"):
+        lab02.check_blocks_forward(ref.rms_norm, lambda x, g, u, d: (silu(x @ u.T) * (x @ g.T)) @ d.T, seed=2)
+    with pytest.raises(ContractError, match="no silu"):
+        lab02.check_blocks_forward(ref.rms_norm, lambda x, g, u, d: ((x @ g.T) * (x @ u.T)) @ d.T, seed=2)
+    with pytest.raises(TypeError, match="model"):
+        lab02.check_blocks_forward(ref.rms_norm, ref.swiglu, seed=0, model="smollm2")
+
+
+def test_blocks_forward_accepts_another_correct_float32_order():
+    """Another correct order of the same float32 sums (a norm through torch.linalg.vector_norm, the
+    projections through einsum) stays inside the tolerance."""
+    def rms(x, w, eps):
+        d = x.shape[-1]
+        return x / torch.sqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True) ** 2 / d + eps) * w
+
+    def ffn(x, g, u, d):
+        a, b = torch.einsum("...i,fi->...f", x, g), torch.einsum("...i,fi->...f", x, u)
+        return torch.einsum("...f,of->...o", torch.nn.functional.silu(a) * b, d)
+    for seed in (0, 3):
+        lab02.check_blocks_forward(rms, ffn, seed=seed)
+
+
+def test_blocks_backward_names_its_faults_and_checks_the_returned_tuple():
+    def rms_constant_r(x, w, eps, gy):
+        grad_x, grad_w = ref.rms_norm_backward(x, w, eps, gy)
+        return gy * w * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps), grad_w
+    with pytest.raises(ContractError, match="1 / rms treated as a constant"):
+        lab02.check_blocks_backward(rms_constant_r, ref.swiglu_backward, seed=0)
+
+    def swiglu_gate_path_only(x, wg, wu, wd, gy):
+        grads = ref.swiglu_backward(x, wg, wu, wd, gy)
+        g, s = x @ wg.T, torch.sigmoid(x @ wg.T)
+        grad_gate = (gy @ wd) * (x @ wu.T) * s * (1 + g * (1 - s))
+        return (grad_gate @ wg,) + grads[1:]
+    with pytest.raises(ContractError, match="grad_x only through the gate"):
+        lab02.check_blocks_backward(ref.rms_norm_backward, swiglu_gate_path_only, seed=0)
+    with pytest.raises(ContractError, match=r"must return a tuple \(grad_x, grad_weight\), got a tuple of 3"):
+        lab02.check_blocks_backward(lambda *a: ref.rms_norm_backward(*a) + (None,), ref.swiglu_backward, seed=0)
+    with pytest.raises(ContractError, match="grad_weight must have shape"):
+        lab02.check_blocks_backward(lambda x, w, eps, gy: (ref.rms_norm_backward(x, w, eps, gy)[0], gy * x),
+                                    ref.swiglu_backward, seed=0)
+    with pytest.raises(ContractError, match="grad_x must have dtype torch.float64, got torch.float32"):
+        lab02.check_blocks_backward(ref.rms_norm_backward,
+                                    lambda *a: tuple(t.float() for t in ref.swiglu_backward(*a)), seed=0)
+
+
+def test_layer_norm_names_its_faults():
+    def unbiased(x, w, b, eps):
+        centred = x - x.mean(-1, keepdim=True)
+        return centred / torch.sqrt(x.var(-1, keepdim=True) + eps) * w + b
+    with pytest.raises(ContractError, match=r"unbiased variance \(divided by d - 1"):
+        lab02.check_layer_norm(unbiased, seed=0)
+    with pytest.raises(ContractError, match=r"(?s)constant row gave NaN.*eps missing"):
+        lab02.check_layer_norm(lambda x, w, b, eps: ref.layer_norm(x, w, b, 0.0), seed=0)
+    with pytest.raises(ContractError, match="the mean not subtracted"):
+        lab02.check_layer_norm(lambda x, w, b, eps: ref.rms_norm(x, w, eps) + b, seed=1)
+
+
+def test_tied_embedding_grad_names_overwritten_repeats_and_a_transposed_head():
+    def overwrite(ids, grad_embedded, hidden, grad_logits, vocab_size):
+        d = hidden.shape[-1]
+        grad = torch.zeros(vocab_size, d, dtype=hidden.dtype)
+        for i, g in zip(ids.reshape(-1).tolist(), grad_embedded.reshape(-1, d)):
+            grad[i] = g                                            # the last occurrence wins
+        return grad + grad_logits.reshape(-1, vocab_size).T @ hidden.reshape(-1, d)
+    with pytest.raises(ContractError, match="repeated ids overwrite each other"):
+        lab02.check_tied_embedding_grad(overwrite, seed=0)
+    with pytest.raises(ContractError, match="lookup's gradient .* is missing"):
+        lab02.check_tied_embedding_grad(lambda ids, ge, h, gl, v: gl.reshape(-1, v).T @ h.reshape(-1, h.shape[-1]),
+                                        seed=1)
+    with pytest.raises(ContractError, match=r"output must have shape \(\d+, \d+\)"):
+        lab02.check_tied_embedding_grad(lambda *a: ref.tied_embedding_grad(*a).T.contiguous(), seed=0)

@@ -904,6 +904,28 @@ def test_generation_token_counts_reach_the_judges_hooks(learner):
 
 
 @pytest.mark.slow
+def test_blocks_forward_sends_real_weights_through_the_channel(learner):
+    """Lab 2's blocks check: SmolLM2's projections (about 3.5 MB each) cross to the kernel as plain data,
+    the judge's own SmolLM2 stands in for the notebook's ``smollm2``, and a fault is named through the
+    channel as in the kernel."""
+    import solutions
+
+    source = solutions.solution_sources("02_kv_cache")["blocks_forward"]
+    learner.run(source)
+    cell = "lab02.check_blocks_forward(rms_norm, swiglu, seed=0, model=smollm2)"
+    verdict = learner.judge(cell)
+    assert verdict["status"] == "passed", verdict
+    assert [c.get("reached") for c in verdict["checks"]] == [[]], verdict        # no reference ran
+    learner.run(source.replace("(gate * torch.sigmoid(gate) * up)", "(gate * torch.sigmoid(gate) + up)"))
+    verdict = learner.judge(cell)
+    assert verdict["status"] == "failed" and "silu(gate(x)) + up(x)" in verdict["message"], verdict
+    learner.run(source + "\n\nfrom course_lib.models import ops as _ops\n\n\ndef rms_norm(x, weight, eps):\n"
+                "    return _ops.rms_norm(x, weight, eps) + 0\n")
+    verdict = learner.judge(cell)                                   # a wrapper passes, and is seen reaching it
+    assert verdict["status"] == "passed" and "course_lib.models.ops.rms_norm" in verdict["checks"][0]["reached"]
+
+
+@pytest.mark.slow
 def test_changes_to_inputs_the_checker_does_not_expect_are_not_mirrored(learner):
     """Two tricks that once passed these checkers in-process: rewriting the input a checker reads
     after the call, and zeroing the K/V that check_paged also used as the truth. The checkers now

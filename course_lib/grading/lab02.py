@@ -4,18 +4,22 @@ Each ``check_*`` takes the learner's *function*, builds its own inputs from a se
 (fixed for the visible checks, ``fresh_seed()`` for hidden tests), runs the function,
 and compares the result with a course_lib reference under a contract from
 ``contracts``. When a contract fails, the checker also tries the known faults of
-course Lab 2 (rotary position off by one, frozen position, position reset on
-append, misaligned KV-head repeat, a causal mask aligned top-left, cache never cropped; the online
+course Lab 2 (the decoder's blocks: SwiGLU's gate added instead of multiplied, RMSNorm's eps or
+weight missing, LayerNorm's unbiased variance or missing weight, silu's derivative taken as the
+sigmoid, a tied weight's gradient from one use only, repeated ids overwriting each other; rotary
+position off by one, frozen position, position reset on append, misaligned KV-head repeat, a causal mask aligned top-left, cache never cropped; the online
 softmax's sums not rescaled when the maximum grows, the maximum not subtracted; the paged decode kernel's
 KV head, unmasked tail, running sum and an integer running sum a GPU's compiler refuses) and
 names the one the learner's numbers match, so the message states the symptom, not just "wrong".
 """
 from __future__ import annotations
 
+import contextlib
 import copy
-
-import random
+import functools
+import io
 import math
+import random
 from typing import Callable
 
 import torch
@@ -28,6 +32,7 @@ from ..models.config import ModelConfig, toy_config
 from ..models.decoder import Decoder, generate_full_recompute
 from ..models.online_softmax import initial_state
 from ..models.rope import apply_rope
+from ..validation import instance
 from .contracts import (ContractError, call_on_copies, check_bytes, check_close, check_int_list, check_logits_close,
                         check_own_function, check_tensor, diagnose, with_diagnosis)
 from .kernel_checks import launch_case, raise_if_bfloat16_arithmetic
@@ -58,6 +63,430 @@ def interleaved_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> 
     x1, x2 = x[..., 0::2], x[..., 1::2]
     out = torch.stack([x1 * ang.cos() - x2 * ang.sin(), x2 * ang.cos() + x1 * ang.sin()], dim=-1)
     return out.flatten(-2)
+
+
+# -- the decoder's blocks: RMSNorm, SwiGLU, their backward passes, LayerNorm, the tied embedding ------
+@functools.lru_cache(maxsize=1)
+def smollm2_model() -> Decoder:
+    """SmolLM2-135M on the course's weights (``course_lib.data.load_smollm2``, its provenance line not
+    printed), loaded once per process: the blocks check's model when none is passed, and the grading
+    judge's own copy of the notebook's ``smollm2`` (``CONTRACTS``' ``objects``). Never handed to learner
+    code (its checks pass tensors), so one copy serves every check.
+
+    Raises: ``course_lib.data.ArtifactError`` when no copy of the weights is available."""
+    from ..data import load_smollm2
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        model, _, _ = load_smollm2()
+    return model
+
+
+class _Captured(Exception):
+    """Raised by a forward hook to end a forward once the input it waits for is captured."""
+
+
+@torch.no_grad()
+def _norm_input(model: Decoder, ids: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    """The input that the RMSNorm module NORM of MODEL receives in a plain forward of ids (1, T): the
+    residual stream there, (1, T, d_model) float32. The forward stops at NORM."""
+    captured = []
+
+    def hook(module, inputs):
+        captured.append(inputs[0].detach().clone())
+        raise _Captured
+
+    handle = norm.register_forward_pre_hook(hook)
+    try:
+        model(ids, torch.arange(ids.shape[1]))
+    except _Captured:
+        pass
+    finally:
+        handle.remove()
+    return captured[0]
+
+
+def _with_zero_row(x: torch.Tensor, row: int) -> torch.Tensor:
+    """x (..., T, d) with a row of zeros inserted at index ROW of its second-last axis."""
+    zero = torch.zeros_like(x.narrow(-2, 0, 1))
+    return torch.cat([x.narrow(-2, 0, row), zero, x.narrow(-2, row, x.shape[-2] - row)], dim=-2)
+
+
+def _rms_variants(x: torch.Tensor, weight: torch.Tensor, eps: float) -> dict:
+    """RMSNorm with the mistakes the forward check names, in float32."""
+    ms = x.pow(2).mean(-1, keepdim=True)
+    centred = x - x.mean(-1, keepdim=True)
+    return {
+        "the weight (the learned per-channel scale) not applied: x / sqrt(mean(x^2) + eps) is returned "
+        "without the final * weight": lambda: x / torch.sqrt(ms + eps),
+        "eps added outside the square root: x / (sqrt(mean(x^2)) + eps); it belongs inside, "
+        "x / sqrt(mean(x^2) + eps)": lambda: x / (torch.sqrt(ms) + eps) * weight,
+        "the mean subtracted first (that is LayerNorm's centring; RMSNorm divides x itself by its root mean "
+        "square)": lambda: centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + eps) * weight,
+        "divided by the root of the sum of squares instead of the mean (the 1/d missing)":
+            lambda: x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + eps) * weight,
+        "multiplied by sqrt(mean(x^2) + eps) instead of divided by it": lambda: x * torch.sqrt(ms + eps) * weight,
+    }
+
+
+def _swiglu_variants(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> dict:
+    """SwiGLU with the mistakes the forward check names, in float32."""
+    F = torch.nn.functional
+    g, u = x @ w_gate.T, x @ w_up.T
+    return {
+        "the gate and the up projection added, silu(gate(x)) + up(x): SwiGLU multiplies them element-wise, "
+        "silu(gate(x)) * up(x)": lambda: (F.silu(g) + u) @ w_down.T,
+        "silu applied to the up projection instead of the gate: silu(up(x)) * gate(x)": lambda: (F.silu(u) * g) @ w_down.T,
+        "no silu: gate(x) * up(x) (a bilinear layer)": lambda: (g * u) @ w_down.T,
+        "sigmoid in place of silu: silu(z) = z * sigmoid(z)": lambda: (torch.sigmoid(g) * u) @ w_down.T,
+        "the down projection left out (the result has d_ff columns)": lambda: F.silu(g) * u,
+    }
+
+
+def _close_within(atol: float, rtol: float) -> Callable[[torch.Tensor, torch.Tensor], bool]:
+    """``diagnose``'s comparison: same shape, |got - candidate| <= atol + rtol |candidate| everywhere."""
+    def same(got, candidate):
+        return (tuple(got.shape) == tuple(candidate.shape) and
+                bool(((got.double() - candidate.double()).abs()
+                      <= atol + rtol * candidate.double().abs()).all()))
+    return same
+
+
+#: Relative tolerances of the blocks' float32 forward contracts: |got - reference| <= BLOCK_ATOL *
+#: max|reference| + BLOCK_RTOL * |reference|, about 20 times what another float32 order of the same
+#: sums gives on SmolLM2's activations (measured: 6e-7 of the largest output).
+BLOCK_ATOL, BLOCK_RTOL = 1e-5, 1e-5
+
+
+def _check_block_output(what: str, got, expected: torch.Tensor, variants: dict) -> None:
+    """Compare a float32 block output with the reference within BLOCK_ATOL / BLOCK_RTOL; on failure
+    name the variants that equal it."""
+    out = check_tensor(what, got, shape=expected.shape, dtype=torch.float32)
+    atol = BLOCK_ATOL * float(expected.abs().max())
+    try:
+        check_close(out, expected, atol=atol, rtol=BLOCK_RTOL, what=what)
+    except ContractError as err:
+        raise diagnose(err, out, variants, _close_within(atol, BLOCK_RTOL)) from None
+
+
+def check_blocks_forward(rms_norm_fn: Callable, swiglu_fn: Callable, seed: int = 0,
+                         model: Decoder | None = None, tokens: int = 8) -> None:
+    """Contract: the two forward blocks of a SmolLM2 decoder layer, on its real weights and activations.
+
+    - ``rms_norm_fn(x (..., d) float32, weight (d,) float32, eps: float)`` returns float32 of x's shape equal
+      to the model's own RMSNorm module (``RMSNorm.forward``: x / sqrt(mean(x^2) + eps) * weight, Zhang &
+      Sennrich 2019, arXiv:1910.07467) on: the embedded tokens with layer 0's ``input_layernorm``, and the
+      residual stream entering a drawn layer's ``post_attention_layernorm`` (a 3-D x). Each x has one
+      all-zero row, whose output must be 0: eps keeps 0 / 0 from giving NaN.
+    - ``swiglu_fn(x (..., d) float32, w_gate (d_ff, d), w_up (d_ff, d), w_down (d, d_ff))`` returns
+      float32 (..., d) equal to that layer's feed-forward (``Block.mlp``: down(silu(gate(x)) * up(x)),
+      Shazeer 2020, arXiv:2002.05202) on the normalised activations it really receives.
+
+    Tolerance: |got - reference| <= 1e-5 max|reference| + 1e-5 |reference| (``BLOCK_ATOL``, ``BLOCK_RTOL``).
+    ``tokens`` random token ids are embedded; ``model`` is the notebook's SmolLM2 (None: ``smollm2_model()``)."""
+    check_own_function("rms_norm", rms_norm_fn)
+    check_own_function("swiglu", swiglu_fn)
+    model = model if model is not None else smollm2_model()
+    instance("model", model, Decoder)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    c = model.config
+    layer = rng.randrange(1, c.n_layers)
+    ids = torch.randint(0, c.vocab_size, (1, tokens), generator=gen)
+    block = model.layers[layer]
+    with torch.no_grad():
+        embedded = model.embed_tokens(ids)[0]                                            # (T, d)
+        residual = _norm_input(model, ids, block.post_attention_layernorm)               # (1, T, d)
+        normed = block.post_attention_layernorm(residual)
+        ffn = block.mlp(normed)
+    norm_cases = [("the embedded tokens, layer 0's input_layernorm", embedded, model.layers[0].input_layernorm),
+                  (f"the residual stream entering layer {layer}'s post_attention_layernorm", residual,
+                   block.post_attention_layernorm)]
+    for case, (source, x, norm) in enumerate(norm_cases):
+        zero_row = rng.randrange(x.shape[-2] + 1)
+        x = _with_zero_row(x, zero_row)
+        eps, weight = float(norm.eps), norm.weight.detach()
+        with torch.no_grad():
+            expected = norm(x)
+        what = (f"rms_norm(case {case}: {source}, x {tuple(x.shape)} with row {zero_row} all zeros, "
+                f"eps {eps:.3g})")
+        got = call_on_copies(what, rms_norm_fn, x, weight, eps)
+        out = check_tensor(f"{what} output", got, shape=expected.shape, dtype=torch.float32, allow_nan=True)
+        zero_out = out.select(-2, zero_row)
+        if not bool(torch.isfinite(zero_out).all()):
+            raise with_diagnosis(ContractError(
+                f"{what}: the all-zero row gave {'NaN' if bool(zero_out.isnan().any()) else 'inf'}: its root mean "
+                f"square is 0, so x / sqrt(mean(x^2)) is 0 / 0"),
+                "eps missing (or 0): it goes inside the square root, x / sqrt(mean(x^2) + eps), so an all-zero "
+                "row gives 0 instead of NaN", likely=False)
+        if not bool(torch.isfinite(out).all()):
+            raise ContractError(f"{what} output contains NaN or inf on rows that are not zero")
+        _check_block_output(f"{what} output", out, expected, _rms_variants(x, weight, eps))
+    weights = (block.gate_proj.weight.detach(), block.up_proj.weight.detach(), block.down_proj.weight.detach())
+    for case, x in enumerate((normed[0], normed)):
+        what = f"swiglu(case {case}: layer {layer}'s feed-forward on its normalised input, x {tuple(x.shape)})"
+        expected = ffn[0] if x.dim() == 2 else ffn
+        got = call_on_copies(what, swiglu_fn, x, *weights)
+        _check_block_output(f"{what} output", got, expected, _swiglu_variants(x, *weights))
+
+
+# the backward passes, against torch.autograd in float64
+def _rms_forward64(x, weight, eps):
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def _swiglu_forward64(x, w_gate, w_up, w_down):
+    F = torch.nn.functional
+    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+
+
+def _autograd(forward: Callable, inputs: tuple, grad_y: torch.Tensor) -> tuple:
+    """The gradient of sum(forward(*inputs) * grad_y) with respect to each input (float64), by torch.autograd."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+    with torch.enable_grad():
+        y = forward(*leaves)
+    return torch.autograd.grad(y, leaves, grad_y)
+
+
+def _rms_backward_variants(x, weight, eps, grad_y) -> dict:
+    """Per output (0: grad_x, 1: grad_weight), RMSNorm backward passes with the mistakes the check names."""
+    d = x.shape[-1]
+    r = (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+    u = grad_y * weight
+    lead = tuple(range(x.dim() - 1))
+    return {0: {
+        "1 / rms treated as a constant: the term through mean(x^2), - x r^3 sum(grad_y * weight * x) / d, "
+        "is missing": lambda: r * u,
+        "the weight left out of grad_x (the upstream gradient reaching x / rms is grad_y * weight)":
+            lambda: r * grad_y - x * r ** 3 * (grad_y * x).sum(-1, keepdim=True) / d,
+        "the 1/d of the mean missing from the second term": lambda: r * u - x * r ** 3 * (u * x).sum(-1, keepdim=True),
+    }, 1: {
+        "grad_weight summed without the normalisation: sum(grad_y * x) instead of sum(grad_y * x / rms)":
+            lambda: (grad_y * x).sum(lead),
+        "grad_weight taken from the output: sum(grad_y * y) counts the weight once more":
+            lambda: (grad_y * x * r * weight).sum(lead),
+    }}
+
+
+def _swiglu_backward_variants(x, w_gate, w_up, w_down, grad_y) -> dict:
+    """Per output (0: grad_x, 1: grad_w_gate, 2: grad_w_up, 3: grad_w_down), SwiGLU backward passes with
+    the mistakes the check names."""
+    g, u = x @ w_gate.T, x @ w_up.T
+    s = torch.sigmoid(g)
+    silu = g * s
+    grad_h = grad_y @ w_down
+    grad_g_sigmoid = grad_h * u * s                      # silu'(g) taken as sigmoid(g)
+    grad_g = grad_h * u * s * (1 + g * (1 - s))
+    grad_u = grad_h * silu
+    x2 = x.reshape(-1, x.shape[-1])
+
+    def flat(t):
+        return t.reshape(-1, t.shape[-1])
+    sig = "silu'(z) taken as sigmoid(z): silu(z) = z sigmoid(z), so silu'(z) = sigmoid(z) (1 + z (1 - sigmoid(z)))"
+    return {0: {
+        sig: lambda: grad_g_sigmoid @ w_gate + grad_u @ w_up,
+        "grad_x only through the gate: x feeds both gate(x) and up(x), and grad_x is the sum of both paths":
+            lambda: grad_g @ w_gate,
+        "grad_x only through the up projection: x feeds both gate(x) and up(x), and grad_x is the sum of both "
+        "paths": lambda: grad_u @ w_up,
+    }, 1: {
+        sig: lambda: flat(grad_g_sigmoid).T @ x2,
+        "grad_w_gate without silu's derivative (grad_h * up(x) used as the gradient at gate(x))":
+            lambda: flat(grad_h * u).T @ x2,
+    }, 2: {
+        "grad_w_up from gate(x) instead of silu(gate(x))": lambda: flat(grad_h * g).T @ x2,
+    }, 3: {
+        "grad_w_down from gate(x) * up(x) without the silu": lambda: flat(grad_y).T @ flat(g * u),
+    }}
+
+
+#: Tolerance of the float64 backward contracts: |got - autograd| <= BACKWARD_ATOL * max|autograd| +
+#: BACKWARD_RTOL * |autograd|; a correct float64 formula differs by about 1e-15 of the largest value.
+BACKWARD_ATOL, BACKWARD_RTOL = 1e-9, 1e-7
+
+
+def _check_gradients(what: str, got, names: tuple[str, ...], expected: tuple, variants: dict) -> None:
+    """GOT must be a tuple of len(names) float64 tensors, each equal to its autograd gradient within
+    the backward tolerance; a wrong one names the variants of its ``variants[i]`` that equal it."""
+    if type(got) is not tuple or len(got) != len(names):
+        raise ContractError(f"{what} must return a tuple ({', '.join(names)}), got "
+                            + (f"a tuple of {len(got)}" if type(got) is tuple else type(got).__qualname__))
+    for i, (name, value, ref) in enumerate(zip(names, got, expected)):
+        label = f"{what}: {name}"
+        out = check_tensor(label, value, shape=ref.shape, dtype=torch.float64)
+        atol = BACKWARD_ATOL * float(ref.abs().max())
+        try:
+            check_close(out, ref, atol=atol, rtol=BACKWARD_RTOL, what=label)
+        except ContractError as err:
+            raise diagnose(err, out, variants.get(i, {}), _close_within(atol, BACKWARD_RTOL)) from None
+
+
+def _backward_cases(rng: random.Random, cases: int) -> list[dict]:
+    """Shapes of the backward check: leading dims, width d, SwiGLU width d_ff, eps, and a zero row or not."""
+    specs = []
+    for case in range(cases):
+        lead = [(3,), (2, 4), (1, 5), (2, 1, 3)][case % 4] if case < 4 else \
+            tuple(rng.randint(1, 4) for _ in range(rng.randint(1, 3)))
+        specs.append({"lead": lead, "d": rng.choice([4, 8, 12, 16]), "d_ff": rng.choice([6, 10, 20, 24]),
+                      "eps": rng.choice([1e-5, 1e-6, 1e-2]), "zero_row": case == 1})
+    return specs
+
+
+def check_blocks_backward(rms_norm_backward_fn: Callable, swiglu_backward_fn: Callable, seed: int = 0,
+                          cases: int = 4) -> None:
+    """Contract: the backward passes of RMSNorm and SwiGLU, written by hand, equal torch.autograd's
+    gradients of the same forward in float64 (``torch.nn.functional.rms_norm``; ``F.linear`` and ``F.silu``).
+
+    - ``rms_norm_backward_fn(x (..., d), weight (d,), eps, grad_y (..., d))`` -> ``(grad_x (..., d),
+      grad_weight (d,))`` for y = x / sqrt(mean(x^2) + eps) * weight; grad_weight sums over every
+      leading axis;
+    - ``swiglu_backward_fn(x (..., d), w_gate (d_ff, d), w_up (d_ff, d), w_down (d, d_ff), grad_y (..., d))``
+      -> ``(grad_x, grad_w_gate, grad_w_up, grad_w_down)``, each of its input's shape, for
+      y = down(silu(gate(x)) * up(x)).
+
+    Every tensor is float64 and so must every gradient be; each within 1e-9 max|autograd| + 1e-7 |autograd|
+    (``BACKWARD_ATOL``, ``BACKWARD_RTOL``). Cases: 1 to 3 leading axes, one case with an all-zero row."""
+    check_own_function("rms_norm_backward", rms_norm_backward_fn)
+    check_own_function("swiglu_backward", swiglu_backward_fn)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+    for case, spec in enumerate(_backward_cases(rng, cases)):
+        lead, d, d_ff, eps = spec["lead"], spec["d"], spec["d_ff"], spec["eps"]
+        x = torch.randn(*lead, d, generator=gen, dtype=f64) * torch.rand(*lead, 1, generator=gen, dtype=f64) * 3
+        if spec["zero_row"]:
+            x.reshape(-1, d)[0] = 0
+        weight = 1 + 0.5 * torch.randn(d, generator=gen, dtype=f64)
+        grad_y = torch.randn(*lead, d, generator=gen, dtype=f64)
+        what = (f"rms_norm_backward(case {case}: x {tuple(x.shape)}, eps {eps:g}"
+                f"{', its first row all zeros' if spec['zero_row'] else ''})")
+        got = call_on_copies(what, rms_norm_backward_fn, x, weight, eps, grad_y)
+        _check_gradients(what, got, ("grad_x", "grad_weight"), _autograd(lambda a, w: _rms_forward64(a, w, eps),
+                                                                        (x, weight), grad_y),
+                         _rms_backward_variants(x, weight, eps, grad_y))
+        w_gate = torch.randn(d_ff, d, generator=gen, dtype=f64) / d ** 0.5
+        w_up = torch.randn(d_ff, d, generator=gen, dtype=f64) / d ** 0.5
+        w_down = torch.randn(d, d_ff, generator=gen, dtype=f64) / d_ff ** 0.5
+        what = f"swiglu_backward(case {case}: x {tuple(x.shape)}, d_ff {d_ff})"
+        got = call_on_copies(what, swiglu_backward_fn, x, w_gate, w_up, w_down, grad_y)
+        _check_gradients(what, got, ("grad_x", "grad_w_gate", "grad_w_up", "grad_w_down"),
+                         _autograd(_swiglu_forward64, (x, w_gate, w_up, w_down), grad_y),
+                         _swiglu_backward_variants(x, w_gate, w_up, w_down, grad_y))
+
+
+# LayerNorm
+def _layer_norm_variants(x, weight, bias, eps) -> dict:
+    mean = x.mean(-1, keepdim=True)
+    centred = x - mean
+    var = centred.pow(2).mean(-1, keepdim=True)
+    normed = centred / torch.sqrt(var + eps)
+    return {
+        "the weight (the per-channel scale) not applied: the normalised x plus the bias is returned":
+            lambda: normed + bias,
+        "the bias not added": lambda: normed * weight,
+        "the unbiased variance (divided by d - 1, torch.var's default); LayerNorm divides by d "
+        "(x.var(-1, unbiased=False))": lambda: centred / torch.sqrt(x.var(-1, keepdim=True) + eps) * weight + bias,
+        "the mean not subtracted (that is RMSNorm, with a bias)":
+            lambda: x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight + bias,
+        "the mean subtracted but the variance taken around 0 (mean(x^2) instead of mean((x - mean)^2))":
+            lambda: centred / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight + bias,
+        "eps added outside the square root: (x - mean) / (std + eps)": lambda: centred / (var.sqrt() + eps) * weight + bias,
+        "divided by the variance instead of the standard deviation": lambda: centred / (var + eps) * weight + bias,
+    }
+
+
+def check_layer_norm(fn: Callable, seed: int = 0, cases: int = 4) -> None:
+    """Contract: fn(x (..., d) float32, weight (d,) float32, bias (d,) float32, eps: float) returns float32
+    of x's shape equal to ``torch.nn.functional.layer_norm(x, (d,), weight, bias, eps)``:
+    (x - mean) / sqrt(var + eps) * weight + bias over the last axis, var the biased variance (Ba, Kiros &
+    Hinton 2016, arXiv:1607.06450), within 1e-5 max|reference| + 1e-5 |reference|. Rows have means away
+    from 0, and one row is constant (variance 0: eps keeps 0 / 0 from giving NaN)."""
+    check_own_function("layer_norm", fn)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for case in range(cases):
+        lead = [(5,), (2, 3), (1, 4), (2, 2, 2)][case % 4]
+        d = rng.choice([8, 16, 48, 64])
+        eps = rng.choice([1e-5, 1e-6, 1e-3])
+        scale = torch.exp(torch.randn(*lead, 1, generator=gen))
+        x = (torch.randn(*lead, d, generator=gen) + 2 * torch.randn(*lead, 1, generator=gen)) * scale
+        constant = rng.randrange(math.prod(lead))
+        x.reshape(-1, d)[constant] = rng.choice([0.0, 1.5, -3.0])
+        weight = 1 + 0.5 * torch.randn(d, generator=gen)
+        bias = 0.5 * torch.randn(d, generator=gen)
+        expected = torch.nn.functional.layer_norm(x, (d,), weight, bias, eps)
+        what = f"layer_norm(case {case}: x {tuple(x.shape)}, eps {eps:g}, row {constant} constant)"
+        got = call_on_copies(what, fn, x, weight, bias, eps)
+        out = check_tensor(f"{what} output", got, shape=expected.shape, dtype=torch.float32, allow_nan=True)
+        flat = out.reshape(-1, d)
+        if not bool(torch.isfinite(flat[constant]).all()):
+            raise with_diagnosis(ContractError(
+                f"{what}: the constant row gave NaN or inf: its variance is 0, so (x - mean) / sqrt(var) is 0 / 0"),
+                "eps missing (or 0): it goes inside the square root, (x - mean) / sqrt(var + eps), so a constant "
+                "row gives the bias instead of NaN", likely=False)
+        if not bool(torch.isfinite(out).all()):
+            raise ContractError(f"{what} output contains NaN or inf on rows that are not constant")
+        _check_block_output(f"{what} output", out, expected, _layer_norm_variants(x, weight, bias, eps))
+
+
+# the tied embedding
+def _tied_cases(rng: random.Random, cases: int) -> list[tuple[tuple[int, int], int, int]]:
+    """((B, T), vocab, d) per case, vocab != d (so a transposed gradient has the wrong shape)."""
+    return [(rng.choice([(1, 9), (2, 6), (3, 5)]), rng.choice([11, 17, 29]), rng.choice([4, 6, 8]))
+            for _ in range(cases)]
+
+
+def check_tied_embedding_grad(fn: Callable, seed: int = 0, cases: int = 3) -> None:
+    """Contract: fn(ids (B, T) int64, grad_embedded (B, T, d), hidden (B, T, d), grad_logits (B, T, V), vocab_size)
+    returns the gradient (V, d) of a weight E used twice, as a tied embedding is (Press & Wolf 2017,
+    arXiv:1608.05859): h = E[ids] (the lookup, whose output receives grad_embedded) and
+    logits = hidden @ E.T (the output head, whose output receives grad_logits). It must equal
+    torch.autograd's gradient of sum(E[ids] * grad_embedded) + sum((hidden @ E.T) * grad_logits) with respect
+    to E, within 1e-9 max|autograd| + 1e-7 |autograd|: the lookup's gradient summed over repeated ids
+    (every case repeats some ids and leaves others unused) plus grad_logits.T @ hidden over all positions.
+    Every float tensor is float64, and so must the result be."""
+    check_own_function("tied_embedding_grad", fn)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+    for case, ((B, T), V, d) in enumerate(_tied_cases(rng, cases)):
+        used = torch.randperm(V, generator=gen)[: max(2, V // 3)]          # few ids: some repeat, most never occur
+        ids = used[torch.randint(0, used.numel(), (B, T), generator=gen)]
+        flat = ids.flatten()
+        flat[1] = flat[0]                                                 # at least one repeated id
+        ids = flat.view(B, T)
+        grad_embedded = torch.randn(B, T, d, generator=gen, dtype=f64)
+        hidden = torch.randn(B, T, d, generator=gen, dtype=f64)
+        grad_logits = torch.randn(B, T, V, generator=gen, dtype=f64)
+        E = torch.randn(V, d, generator=gen, dtype=f64)
+        (expected,) = _autograd(lambda e: (torch.nn.functional.embedding(ids, e) * grad_embedded).sum()
+                                + ((hidden @ e.T) * grad_logits).sum(), (E,), torch.ones((), dtype=f64))
+        repeated = sorted(int(i) for i in flat.unique() if int((flat == i).sum()) > 1)
+        what = (f"tied_embedding_grad(case {case}: ids {(B, T)} over a vocabulary of {V}, d {d}; "
+                f"ids {repeated} occur more than once)")
+        got = call_on_copies(what, fn, ids, grad_embedded, hidden, grad_logits, V)
+        out = check_tensor(f"{what} output", got, shape=(V, d), dtype=f64)
+        atol = BACKWARD_ATOL * float(expected.abs().max())
+        try:
+            check_close(out, expected, atol=atol, rtol=BACKWARD_RTOL, what=f"{what} output")
+        except ContractError as err:
+            lookup = torch.zeros(V, d, dtype=f64).index_add_(0, flat, grad_embedded.reshape(-1, d))
+            head = grad_logits.reshape(-1, V).T @ hidden.reshape(-1, d)
+
+            def overwritten():
+                last = torch.zeros(V, d, dtype=f64)
+                for i, g in zip(flat.tolist(), grad_embedded.reshape(-1, d)):
+                    last[i] = g
+                return last + head
+            raise diagnose(err, out, {
+                "only one use of the tied weight: the output head's gradient grad_logits.T @ hidden is missing "
+                "(E is used twice, as the lookup and as the output head, and its gradient is the sum of both)":
+                    lambda: lookup,
+                "only one use of the tied weight: the lookup's gradient (grad_embedded added into the rows of "
+                "ids) is missing (E is used twice, as the lookup and as the output head, and its gradient is "
+                "the sum of both)": lambda: head,
+                "repeated ids overwrite each other (grad[ids] = ...) instead of accumulating "
+                "(index_add_ adds every occurrence)": overwritten,
+            }, _close_within(atol, BACKWARD_RTOL)) from None
 
 
 # -- RoPE -------------------------------------------------------------------------------------
@@ -492,7 +921,7 @@ def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: in
                                 " (a leaked block, a missing decref, or a needless copy)")
 
 
-# -- exercise 8: the online softmax -----------------------------------------------------------
+# -- exercise 12: the online softmax -----------------------------------------------------------
 def _faulty_updates(m, l, acc, scores, v) -> dict:
     """What a faulty online-softmax update returns from the state (m, l, acc): description -> state."""
     m_new = torch.maximum(m, scores.max())
@@ -622,7 +1051,7 @@ def check_online_softmax(update: Callable, seed: int = 0, cases: int = 4) -> Non
                                 f"{float(expected[i]):.6g} (|diff| {float(err[i]):.3g} > {bound:.3g})")
 
 
-# -- exercise 9: the paged decode kernel -----------------------------------------------------------
+# -- exercise 13: the paged decode kernel -----------------------------------------------------------
 def paged_kernel_cases(rng: random.Random, cases: int) -> list[dict]:
     """One dict per case: B, Hq, Hkv, D, block_size (powers of two), the context lengths ``lens``,
     ``extra`` table columns past the widest row, the ``dtype``, a ``spread`` multiplying q (larger
@@ -836,8 +1265,19 @@ def check_paged_decode_kernel(kernel, seed: int = 0, cases: int = 4) -> None:
 _TOY = {"toy": ("course_lib.models.decoder", "toy_decoder", {"seed": 0})}  # what the set-up cell builds
 _EMBEDDING = (Probe(Decoder, "embed_tokens"),)   # where _TokenCounter counts the token ids fed to the model
 _CACHE_WRITES = Writes(args=(3, 4))              # attend_with_cache writes its k_cache and v_cache
+# the set-up cell's SmolLM2 (smollm2, tokenizer, provenance = load_smollm2()); the judge loads its own once
+_SMOLLM2 = {"smollm2": ("course_lib.grading.lab02", "smollm2_model", {})}
+_BLOCK_FORWARDS = ("course_lib.models.decoder.RMSNorm.forward", "course_lib.models.ops.rms_norm",
+                   "course_lib.kernels.batch_invariant.torch_ops.rms_norm", "course_lib.models.decoder.Block.mlp")
 
 CONTRACTS = (
+    Contract("test_blocks_forward", check_blocks_forward, ("rms_norm", "swiglu"), objects=_SMOLLM2,
+             references=_BLOCK_FORWARDS),
+    # the library has no backward pass; reaching its forwards means autograd through them
+    Contract("test_blocks_backward", check_blocks_backward, ("rms_norm_backward", "swiglu_backward"),
+             references=_BLOCK_FORWARDS),
+    Contract("test_layer_norm", check_layer_norm, ("layer_norm",)),
+    Contract("test_tied_embedding_grad", check_tied_embedding_grad, ("tied_embedding_grad",)),
     Contract("test_apply_rope", check_apply_rope, ("apply_rope",),
              references=("course_lib.models.rope.apply_rope", "course_lib.models.rope.rotate_pairs",
                          "course_lib.models.rope.rope_cos_sin", "course_lib.models.rope.rope_angles")),
@@ -869,6 +1309,30 @@ CONTRACTS = (
 
 _NEXT_POSITION = "position = torch.tensor([cache.length])"
 FAULTS = (
+    Fault("swiglu_sum",
+          (Edit("blocks_forward", "return (gate * torch.sigmoid(gate) * up) @ w_down.T",
+                "return (gate * torch.sigmoid(gate) + up) @ w_down.T"),),
+          {"test_blocks_forward": r"silu\(gate\(x\)\) \+ up\(x\)"},
+          "adds the gate's silu and the up projection instead of multiplying them"),
+    Fault("rms_norm_no_eps",
+          (Edit("blocks_forward", "torch.rsqrt(ms + eps)", "torch.rsqrt(ms)"),),
+          {"test_blocks_forward": "all-zero row gave NaN"},
+          "leaves eps out of RMSNorm's square root: an all-zero row gives 0 / 0"),
+    Fault("swiglu_backward_sigmoid",
+          (Edit("blocks_backward", "grad_gate = grad_h * up * sig * (1 + gate * (1 - sig))",
+                "grad_gate = grad_h * up * sig"),),
+          {"test_blocks_backward": r"silu'\(z\) taken as sigmoid\(z\)"},
+          "takes sigmoid(z) for the derivative of silu(z) = z sigmoid(z)"),
+    Fault("layer_norm_weight_unused",
+          (Edit("layer_norm", "* torch.rsqrt(var + eps) * weight + bias", "* torch.rsqrt(var + eps) + bias"),),
+          {"test_layer_norm": r"weight \(the per-channel scale\) not applied"},
+          "adds the bias to the normalised x without scaling it by the weight"),
+    Fault("tied_grad_one_use",
+          (Edit("tied_embedding_grad",
+                "    grad += grad_logits.reshape(-1, vocab_size).T @ hidden.reshape(-1, d)   # use 2: the output head\n",
+                ""),),
+          {"test_tied_embedding_grad": r"only one use of the tied weight: the output head's gradient"},
+          "returns the lookup's gradient of the tied weight and drops the output head's"),
     Fault("rope_off_by_one",
           (Edit("generate_with_cache", _NEXT_POSITION, "position = torch.tensor([cache.length + 1])"),),
           {"test_generate_with_cache": "rotary position off by one"},

@@ -87,8 +87,13 @@ class Block(nn.Module):
         c = self.c
         B, T, _ = x.shape
         x = x + self.o_proj(attn.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim))
-        h = self.post_attention_layernorm(x)
-        return x + self.down_proj(ops.silu(self.gate_proj(h)) * self.up_proj(h))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def mlp(self, h: torch.Tensor) -> torch.Tensor:
+        """The block's SwiGLU feed-forward on its normalised input h (..., d_model):
+        down(silu(gate(h)) * up(h)), (..., d_model) in h's dtype (Shazeer, 2020, "GLU Variants Improve
+        Transformer", arXiv:2002.05202; SiLU by ``ops.silu``)."""
+        return self.down_proj(ops.silu(self.gate_proj(h)) * self.up_proj(h))
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv: tuple[torch.Tensor, torch.Tensor] | None,
                 start: int, attention_fn: AttentionFn, key_mask: torch.Tensor | None = None) -> torch.Tensor:

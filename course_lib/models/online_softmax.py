@@ -1,4 +1,4 @@
-"""The online softmax: attention for one query over its keys one tile at a time (Lab 2, section 10).
+"""The online softmax: attention for one query over its keys one tile at a time (Lab 2, section 11).
 
 A kernel that streams the KV cache in blocks (FlashAttention, FlashDecoding, the course's paged decode
 kernel in ``course_lib.kernels.paged_attention``) never holds all of a query's scores at once. It keeps a
