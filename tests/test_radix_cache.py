@@ -184,3 +184,17 @@ def test_a_tree_with_a_cycle_or_a_shared_node_is_refused_at_once():
     tree["children"][(3, 4)] = shared                                # one node under two parents
     with pytest.raises(ValueError, match="reached twice"):
         RadixCache.from_plain(tree, 2)
+
+
+def test_a_folded_leaf_is_evicted_by_its_new_tick_within_one_eviction():
+    """A fold gives the merged node the parent's later tick; a leaf queued before the fold must wait for it."""
+    cache = RadixCache(block_size=1)
+    cache.insert([1, 0, 3], [10, 11, 12])       # tick 1
+    cache.insert([1, 3, 0], [10, 13, 14])       # tick 2: [1] is split off, [3, 0] hangs under it
+    cache.insert([0, 2, 0], [20, 21, 22])       # tick 3
+    cache.match([1])                            # tick 4: [1] used again
+    # [0, 3] (tick 1) goes first; [1] is left with one child and folds into [1, 3, 0] with tick 4, so the
+    # leaf [0, 2, 0] (tick 3) is older than it now
+    assert cache.evict(3) == [11, 12, 20, 21, 22]
+    cache.check()
+    assert cache.find([1, 3, 0]).blocks == [10, 13, 14]

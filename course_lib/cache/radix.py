@@ -247,7 +247,10 @@ class RadixCache:
         heapq.heapify(heap)
         evicted: list[int] = []
         while len(evicted) < n_blocks:
-            _, _, leaf = heapq.heappop(heap)
+            tick, _, leaf = heapq.heappop(heap)
+            if tick != leaf.last_access:      # a fold moved its tick up since it was pushed: queue it again
+                heapq.heappush(heap, (leaf.last_access, next(order), leaf))
+                continue
             parent = leaf.parent
             del parent.children[leaf.key[:self.block_size]]
             leaf.parent = None
