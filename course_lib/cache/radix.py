@@ -358,9 +358,14 @@ class RadixCache:
             if clash:
                 raise ValueError(f"block {sorted(clash)[0]} is held twice in the tree")
             held.update(node.blocks)
-            if node.lock < sum(c.lock for c in node.children.values()):
-                raise ValueError(f"{node!r}: its lock count is below the sum of its children's (a path held "
-                                 "through a child is held through its parent)")
+            below = sum(c.lock for c in node.children.values())
+            if node.lock < below:
+                path, up = [], node
+                while up is not cache.root:
+                    path[:0], up = up.key, up.parent
+                raise ValueError(f"the node at tokens {list(path)}: its lock count {node.lock} is below the sum of its "
+                                 f"children's, {below} (a path held through a child is held through its parent, and "
+                                 "a split's new parent takes the count of the node it splits)")
         cache._held = held
         cache.evictable_blocks = sum(len(n.blocks) for n in cache.nodes() if n.lock == 0)
         cache._tick = itertools.count(max(ticks) + 1)

@@ -649,7 +649,17 @@ def _with_symptoms(err: str, symptoms: list[str]) -> ContractError:
     return with_diagnosis(err, symptoms[0] if len(symptoms) == 1 else "".join(f"\n  - {s}" for s in symptoms))
 
 
-def check_radix_match(fn: Callable, seed: int = 0, cases: int = 3) -> None:
+def _fixed_match_tree() -> RadixCache:
+    """Case 0 of the match check (block size 2): the prompt [1 .. 6] in blocks 10, 11, 12, held by a running
+    request (its edge is locked: a split must copy the count), and [7, 7, 8, 8] in blocks 30, 31."""
+    cache = RadixCache(block_size=2)
+    cache.insert([1, 2, 3, 4, 5, 6], [10, 11, 12])
+    cache.acquire(cache.match([1, 2, 3, 4, 5, 6]).node)
+    cache.insert([7, 7, 8, 8], [30, 31])
+    return cache
+
+
+def check_radix_match(fn: Callable, seed: int = 0, cases: int = 4) -> None:
     """Contract: fn(root, tokens, block_size, now) on a plain radix tree (``RadixCache.to_plain``'s form:
     nested dicts of key, blocks, lock, last_access, children) does what ``RadixCache.match`` does, in place:
     returns the block ids (a list of ints) of the longest cached prefix of TOKENS in whole blocks; splits an
@@ -658,15 +668,21 @@ def check_radix_match(fn: Callable, seed: int = 0, cases: int = 3) -> None:
     sets ``last_access = now`` on every node of the matched path (the root's tick is not compared). Each
     case is a tree built by a server's inserts and held paths, with block sizes 1 to 4, and a run of
     queries on it: a cut at a block boundary, divergence inside a block, a request ending inside a block,
-    one longer than anything cached and one sharing nothing. After each call the tree must equal the
-    reference's exactly."""
+    one longer than anything cached and one sharing nothing. Case 0 is fixed: a locked edge split twice
+    (the new parent must carry its lock count), a split of an unlocked edge, a partly matched block. After each
+    call the tree must equal the reference's exactly."""
     check_own_function("radix_match", fn)
     rng = random.Random(seed)
     for case in range(cases):
-        block_size = (2, 3, 1)[case] if case < 3 else rng.randint(1, 4)
-        cache, cached, _ = _draw_radix(rng, block_size, prompts=rng.randint(4, 7))
-        for kind in ("mid-block", "boundary", "short", "longer", "none", "mid-block"):
-            tokens = _radix_query(rng, cached, block_size, kind)
+        if case == 0:
+            cache, block_size = _fixed_match_tree(), 2
+            queries = [[1, 2, 3, 4, 9, 9], [1, 2, 3], [7, 7, 8], [1, 2, 3, 4, 5, 6, 0, 0], [9, 9], [1, 2, 3, 5]]
+        else:
+            block_size = (2, 3, 1)[case - 1] if case < 4 else rng.randint(1, 4)
+            cache, cached, _ = _draw_radix(rng, block_size, prompts=rng.randint(4, 7))
+            queries = [_radix_query(rng, cached, block_size, kind)
+                       for kind in ("mid-block", "boundary", "short", "longer", "none", "mid-block")]
+        for tokens in queries:
             root, before = cache.to_plain(), cache.to_plain()
             now = max(_ticks(before)) + 1
             what = f"radix_match(case {case}, block_size {block_size}, tokens {tokens}, now {now})"
@@ -729,7 +745,41 @@ _EVICT_FAULTS = {
 }
 
 
-def check_radix_evict(release: Callable, evict: Callable, seed: int = 0, cases: int = 3) -> None:
+def _fixed_evict_tree() -> RadixCache:
+    """Case 0 of the eviction check (block size 1), built in this order: [5, 5] held by a running request
+    before anything else (the oldest leaf, locked); [1, 0, 3] and [1, 3, 0], which split [1] off; [0, 2, 0, 6]
+    held (a path of two nodes the check releases); then [1] used again. Evicting 3 blocks takes [0, 3],
+    folds [1] into [1, 3, 0] with [1]'s recent tick, and then takes [6], not [1, 3, 0]."""
+    cache = RadixCache(block_size=1)
+    cache.insert([5, 5], [40, 41])
+    cache.acquire(cache.match([5, 5]).node)
+    cache.insert([1, 0, 3], [10, 11, 12])
+    cache.insert([1, 3, 0], [10, 13, 14])
+    cache.insert([0, 2, 0], [20, 21, 22])
+    cache.insert([0, 2, 0, 6], [20, 21, 22, 23])
+    cache.acquire(cache.match([0, 2, 0, 6]).node)
+    cache.match([1])
+    return cache
+
+
+def _check_refused_eviction(evict: Callable, root: dict, cache: RadixCache, case: int, block_size: int) -> None:
+    """evict asked for one block more than the unlocked nodes hold must raise ValueError and leave the tree
+    as it was (validate, then evict)."""
+    n_blocks = cache.evictable_blocks + 1
+    what = f"radix_evict(case {case}, n_blocks {n_blocks}, one more than the unlocked nodes hold)"
+    try:
+        evict(root, n_blocks, block_size)
+    except ValueError:
+        learner = _learner_tree(what, root, block_size)
+        difference = _first_difference(learner.to_plain(), cache.to_plain(), ignore_root_tick=False)
+        if difference:
+            raise ContractError(f"{what} raised ValueError but changed the tree first: {difference} (check the "
+                                "request against the unlocked blocks before evicting anything)") from None
+        return
+    raise ContractError(f"{what} must raise ValueError (nothing can free that many blocks)")
+
+
+def check_radix_evict(release: Callable, evict: Callable, seed: int = 0, cases: int = 4) -> None:
     """Contract: on a plain radix tree (``RadixCache.to_plain``'s form) with paths held by running requests,
     release(root, tokens, block_size) does what ``RadixCache.release`` does for the node TOKENS end at
     (lowers the lock count of every node on its path from the root, in place), and evict(root, n_blocks,
@@ -737,20 +787,24 @@ def check_radix_evict(release: Callable, evict: Callable, seed: int = 0, cases: 
     unlocked leaf first, bottom up (a parent left a leaf joins the candidates when nobody holds it), folds a
     parent left with one child and the same lock count into that child (the child takes the parent's key and
     blocks in front of its own and the larger last_access) and returns the evicted block ids in order;
-    asked for more blocks than unlocked nodes hold, it raises ValueError. Each case releases a held path of
-    two or more nodes, then evicts twice, then asks for one block too many. After each call the tree must
-    equal the reference's exactly."""
+    asked for more blocks than unlocked nodes hold, it raises ValueError and changes nothing. Each case
+    releases a held path of two or more nodes, evicts, asks for one block too many, and evicts the rest.
+    Case 0 is fixed (``_fixed_evict_tree``): the oldest leaf is locked, and a fold changes which leaf
+    leaves next. After each call the tree must equal the reference's exactly."""
     check_own_function("radix_release", release)
     check_own_function("radix_evict", evict)
     rng = random.Random(seed)
     for case in range(cases):
-        for _ in attempts("Lab 3"):
-            block_size = (2, 1, 3)[case] if case < 3 else rng.randint(1, 4)
-            cache, cached, held = _draw_radix(rng, block_size, prompts=rng.randint(6, 9))
-            deep = [t for t in held if _depth(cache.find(t)) >= 2]
-            if deep and cache.evictable_blocks >= 2:
-                break
-        tokens = rng.choice(deep)
+        if case == 0:
+            cache, block_size, tokens = _fixed_evict_tree(), 1, [0, 2, 0, 6]
+        else:
+            for _ in attempts("Lab 3"):
+                block_size = (2, 1, 3)[case - 1] if case < 4 else rng.randint(1, 4)
+                cache, cached, held = _draw_radix(rng, block_size, prompts=rng.randint(6, 9))
+                deep = [t for t in held if _depth(cache.find(t)) >= 2]
+                if deep and cache.evictable_blocks >= 2:
+                    break
+            tokens = rng.choice(deep)
         root, before = cache.to_plain(), cache.to_plain()
         what = f"radix_release(case {case}, block_size {block_size}, tokens {tokens})"
         release(root, list(tokens), block_size)
@@ -765,7 +819,10 @@ def check_radix_evict(release: Callable, evict: Callable, seed: int = 0, cases: 
                 "from the root's child down, holds one count for it)"] if learner.to_plain() == only_last.to_plain()
                 else [])
         for step in range(2):
-            n_blocks = rng.randint(1, max(1, cache.evictable_blocks // 2)) if step == 0 else cache.evictable_blocks
+            if step == 1:
+                _check_refused_eviction(evict, root, cache, case, block_size)
+            n_blocks = (3 if case == 0 else rng.randint(1, max(1, cache.evictable_blocks // 2))) if step == 0 \
+                else cache.evictable_blocks
             if n_blocks == 0:
                 break
             what = f"radix_evict(case {case}, step {step}, block_size {block_size}, n_blocks {n_blocks})"
@@ -787,12 +844,6 @@ def check_radix_evict(release: Callable, evict: Callable, seed: int = 0, cases: 
             if difference:
                 raise ContractError(f"{what}: after the eviction, {difference} (a parent left with one child and "
                                     "the same lock count is folded into it)")
-        what = f"radix_evict(case {case}, n_blocks {cache.evictable_blocks + 1}, one more than the unlocked nodes hold)"
-        try:
-            evict(root, cache.evictable_blocks + 1, block_size)
-        except ValueError:
-            continue
-        raise ContractError(f"{what} must raise ValueError (nothing can free that many blocks)")
 
 
 # -- exercise 7: load a saved prefix or recompute it -----------------------------------------------------
@@ -820,14 +871,14 @@ def check_load_or_recompute(fn: Callable, seed: int = 0, cases: int = 6) -> None
     ``load_s`` = L * S_kv / B and ``recompute_s`` = L / T (seconds), ``break_even_bandwidth`` = T * S_kv
     (bytes/s) within a relative 1e-9 of ``course_lib.cache.tiers``, and ``load_wins`` (a bool) =
     T * S_kv < B. Case 0 is this machine's measured SmolLM2-135M row of docs/kv_cache.md (1,024 positions of
-    46,080 bytes, 488 positions/s, a 17 GB/s memory copy); case 1 sits exactly at the break-even point
+    46,080 bytes, 488 positions/s, a 22.8 GB/s memory copy); case 1 sits exactly at the break-even point
     (dyadic numbers: T * S_kv == B, loading does not win); case 2 is a 70B-class model with full attention
     over an NVMe SSD (recompute wins); the rest are drawn from the seed."""
     check_own_function("load_or_recompute", fn)
     rng = random.Random(seed)
     for case in range(cases):
         if case == 0:
-            L, S, B, T = 1024, 46_080, 17e9, 488.0
+            L, S, B, T = 1024, 46_080, 22.8e9, 488.0
         elif case == 1:
             L, S, T = rng.randint(1, 4096), 2 ** rng.randint(10, 20), 2.0 ** rng.randint(4, 12)
             B = T * S
