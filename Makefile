@@ -42,7 +42,7 @@ LAB_ROOT_NOTE := make lab: running as root (uid 0, as in a container), so adding
 # tools off) before any other Jupyter config folder; the user's own config is left as it is.
 LAB_ENV = JUPYTER_CONFIG_PATH=$(abspath jupyter)$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}
 
-.PHONY: help setup sandbox model run test test-full test-fast test-lib test-notebooks test-grading-core test-grading test-hostile test-browser lab hub-proxy hub release samples hostile grade clean
+.PHONY: help setup sandbox model run test test-full test-fast test-lib test-notebooks test-grading-core test-grading test-hostile test-browser lab hub-proxy hub release samples hostile grade export clean
 
 help:
 	@echo "make setup       create .venv and install every pinned dependency (the other targets do it first)"
@@ -60,6 +60,7 @@ help:
 	@echo "make hub         run the course JupyterHub (autograder/hub/jupyterhub_config.py; autograder/README.md, Running a course hub)"
 	@echo "make release     regenerate labs/ from solutions/ (nbgrader generate_assignment)"
 	@echo "make grade SUBMISSIONS=DIR [JOBS=N] [GRADE_ARGS='--per-test --seed N']   autograde DIR/{learner}/{lab}/{lab}.ipynb (JOBS default 2)"
+	@echo "make export [GRADES=build/grading/grades.csv] [ROSTER=FILE] [CANVAS=1|send]   gradebook.csv and Canvas's import CSV from grades.csv; CANVAS=1 shows what would be sent to Canvas, CANVAS=send sends it"
 	@echo "make samples     regenerate autograder/samples/ and expected_scores.csv (from the labs' FAULTS tables) and autograder/hostile/"
 	@echo "make hostile     regenerate autograder/hostile/ alone"
 	@echo "make clean       remove build/, autograder/work/ and .pytest_cache"
@@ -202,6 +203,10 @@ hostile: setup
 
 grade: model sandbox
 	$(BIN)/python -m course_grader.grade $(SUBMISSIONS) --jobs $(JOBS) $(GRADE_ARGS)
+
+GRADES ?= build/grading/grades.csv
+export: setup
+	$(BIN)/python -m course_grader.lms $(GRADES) $(if $(ROSTER),--roster $(ROSTER)) $(if $(filter 1,$(CANVAS)),--canvas) $(if $(filter send,$(CANVAS)),--canvas --send)
 
 clean:
 	rm -rf $(BUILD) autograder/work .pytest_cache

@@ -165,7 +165,12 @@ def pipeline(tmp_path_factory):
     write_expected(good, EXPECTED_TOTALS, cell_rows)
     write_expected(bad, {**EXPECTED_TOTALS, "carol": 3}, cell_rows)
     common = ["--root", root, "--per-test", "--cell-timeout", CELL_TIMEOUT, "--seed", RUN_SEED]
-    serial = run_driver(submissions, "--work", root / "work1", "--expected", good, *common)
+    # the serial run also has a course file with a roster (every learner but hank): it writes the gradebooks
+    roster = [f'"{k}",{100 + i},Name {i}' for i, k in enumerate(EXPECTED_TOTALS) if k != "hank"]
+    (root / "roster.csv").write_text("learner,canvas_id,name\n" + "\n".join(roster) + "\n")
+    (root / "course.toml").write_text('roster = "roster.csv"\n')
+    serial = run_driver(submissions, "--work", root / "work1", "--expected", good, "--course", root / "course.toml",
+                        *common)
     parallel = run_driver(submissions, "--work", root / "work2", "--expected", bad, "--jobs", 2, "--cold-start",
                           *common)
     return {"root": root, "release": release, "submissions": submissions, "before": before,
@@ -194,6 +199,31 @@ def test_serial_run_matches_expected_scores(pipeline):
     assert set(grades["max_score"]) == {3.0}
     ok = [k for k in EXPECTED_TOTALS if k not in ("eve", "gina", "hank")]
     assert (grades.loc[ok, "error"] == "").all()
+
+
+def test_a_course_roster_gives_the_lms_gradebooks(pipeline):
+    """With a roster in the course file the run writes the plain and the Canvas gradebooks
+    (course_grader.lms); a graded learner missing from the roster keeps an error row."""
+    book = read_grades(pipeline["work1"], "gradebook.csv").set_index("learner")
+    assert book["score"].to_dict() == {k: float(v) for k, v in EXPECTED_TOTALS.items()}
+    assert book.loc["hank", "error"].startswith("not in the roster")
+    assert not book.drop(index="hank")["error"].str.startswith("not in the roster").any()
+    canvas = pd.read_csv(pipeline["work1"] / "canvas_gradebook.csv", dtype=str, keep_default_na=False)
+    assert list(canvas.columns) == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", LAB]
+    assert canvas.iloc[0]["Student"] == "Points Possible" and canvas.iloc[0][LAB] == "3"
+    ids = {k: str(100 + i) for i, k in enumerate(EXPECTED_TOTALS)}
+    got = dict(zip(canvas["ID"][1:], canvas[LAB][1:]))
+    assert got == {ids[k]: str(v) for k, v in EXPECTED_TOTALS.items() if k != "hank"}
+    assert "graded row(s) not in it: hank" in pipeline["serial"].stdout.replace("1 graded", "graded")
+
+
+def test_a_bad_course_file_is_refused_before_anything_is_written(tmp_path):
+    (tmp_path / "course.toml").write_text('roster = "missing.csv"\n')
+    (tmp_path / "batch").mkdir()
+    done = run_driver(tmp_path / "batch", "--root", tmp_path, "--work", tmp_path / "w", "--course",
+                      tmp_path / "course.toml")
+    assert done.returncode == 2 and "missing.csv: no such file" in done.stderr, done.stderr
+    assert not (tmp_path / "w").exists()
 
 
 def test_bad_submissions_become_row_errors(pipeline):

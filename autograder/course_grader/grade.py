@@ -49,9 +49,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import judge, provenance, sandbox, warm
+from . import judge, lms, provenance, sandbox, warm
+from . import term as term_mod
 from .config import WORK_FOLDERS
 from .paths import BASE_CONFIG, REPO_ROOT
+from .term import TermError
 from .text import ANSI, encodable, printable
 
 WORK_MARKER = ".grading-work"  # marks a folder this driver may empty
@@ -148,6 +150,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "sandbox` (course_grader.cluster); without it, --jobs grades on this machine")
     parser.add_argument("--submission-timeout", type=int, default=3600,
                         help="seconds for one submission's autograde before it is killed (default 3600)")
+    parser.add_argument("--course", type=Path, default=None,
+                        help="the course file (default: ROOT/autograder/course.toml); with a roster in it, the run "
+                             "also writes gradebook.csv and canvas_gradebook.csv (course_grader.lms)")
     parser.add_argument("--cold-start", action="store_true",
                         help="start a new `python -m nbgrader` for each command instead of forking it from the "
                              "process that imported nbgrader, torch and the checkers once (course_grader.warm): "
@@ -976,6 +981,9 @@ def run(args: argparse.Namespace) -> int:
         import nbgrader  # noqa: F401  (fail early and clearly when it is not installed)
     except ImportError as exc:
         raise InfrastructureError(f"nbgrader is not importable by {sys.executable}: {exc}") from exc
+    # the course file and its roster are read before anything is graded or written: a bad one is refused
+    args.term = term_mod.load(args.course or args.root / "autograder" / "course.toml")
+    args.roster = lms.read_roster(args.term.roster) if args.term.roster is not None else None
     rows = find_submissions(args.submissions, known_labs(args.root), args.learners, args.labs)
     labs = sorted({r.lab for r in rows if r.folder is not None and not r.error.startswith("unknown lab")})
     if not labs:
@@ -1048,6 +1056,13 @@ def _grade(args: argparse.Namespace, rows: list[Submission], labs: list[str], sa
 
     totals, cells = write_tables(args.work, rows, unsafe, args.per_test)
     print_summary(args, rows, totals, cells, course / "feedback")
+    if args.roster is not None:
+        book = lms.gradebook(lms.read_grades(args.work / "grades.csv"), args.roster)
+        lms.write_exports(book, args.roster, args.term, args.work)
+        missing = book[book["error"].str.startswith(lms.NOT_IN_ROSTER)]
+        print(f"Gradebook:     {args.work / 'gradebook.csv'} and {args.work / 'canvas_gradebook.csv'} (Canvas import; "
+              f"roster {args.term.roster}: {len(missing)} graded row(s) not in it"
+              + (": " + ", ".join(sorted(set(missing['learner']))) if len(missing) else "") + ")")
     print(f"Time: grading {grading_seconds:.1f} s {how}, whole run {time.monotonic() - started:.1f} s")
     if unsafe:
         print(unsafe)
@@ -1112,6 +1127,9 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     except InfrastructureError as exc:
         print(f"python -m course_grader.grade: cannot grade: {exc}", file=sys.stderr)
+        return EXIT_INFRA
+    except TermError as exc:
+        print(f"python -m course_grader.grade: refused: {exc}", file=sys.stderr)
         return EXIT_INFRA
 
 
