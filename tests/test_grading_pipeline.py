@@ -14,6 +14,7 @@ import html
 import json
 import re
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,22 @@ EXPECTED_TOTALS = {"alice": 3, "bob": 0, "carol": 1, "dave": 3, "eve": 0, COMMA_
                    "hank": 1, "ivy": 0, "jack": 3}
 # A demonstration cell (skipped by the grader: course_grader.preprocessors.SkipDemonstrations)
 DEMONSTRATION = "OFFSET = 100\nprint('the demonstration ran:', add(OFFSET, 1))"
+# The course file both runs use: a deadline, alice's 48 h extension, 10 % a started day late.
+# timestamp.txt: alice 36 h late (inside her extension), jack 1 h late (one day: 10 % of 3 points),
+# dave none (flagged), everyone else an hour early.
+COURSE_FILE = f'''roster = "roster.csv"
+[deadlines]
+"{LAB}" = 2020-01-01T00:00:00Z
+[extensions]
+alice = {{ "{LAB}" = 48 }}
+[late_policy]
+method = "percent_per_day"
+percent_per_day = 10
+'''
+TIMESTAMPS = {"alice": "2020-01-02 12:00:00 UTC", "jack": "2020-01-01 01:00:00 UTC"}
+ON_TIME = "2019-12-31 23:00:00 UTC"
+PENALTIES = {"jack": 0.3}
+FINAL_TOTALS = {k: v - PENALTIES.get(k, 0) for k, v in EXPECTED_TOTALS.items()}
 EDITED_DEMONSTRATION = "print('the edited demonstration ran:', add(1, 1))"   # jack's: a cell of his own, run
 
 
@@ -130,6 +147,8 @@ def write_submissions(release: Path, folder: Path) -> None:
         path = folder / learner / LAB / f"{LAB}.ipynb"
         path.parent.mkdir(parents=True)
         nbformat.write(nb, path)
+        if learner != "dave":
+            (path.parent / "timestamp.txt").write_text(TIMESTAMPS.get(learner, ON_TIME))
     corrupt = folder / "eve" / LAB / f"{LAB}.ipynb"
     corrupt.parent.mkdir(parents=True)
     corrupt.write_text('{"cells": [')
@@ -162,15 +181,15 @@ def pipeline(tmp_path_factory):
     cell_rows = [("carol", "test_visible", 1), ("carol", "test_hidden", 0),
                  ("frank", "test_visible", 1), ("frank", "test_hidden", 0), ("dave", "test_hidden", 2)]
     good, bad = root / "expected.csv", root / "expected_wrong.csv"
-    write_expected(good, EXPECTED_TOTALS, cell_rows)
-    write_expected(bad, {**EXPECTED_TOTALS, "carol": 3}, cell_rows)
-    common = ["--root", root, "--per-test", "--cell-timeout", CELL_TIMEOUT, "--seed", RUN_SEED]
-    # the serial run also has a course file with a roster (every learner but hank): it writes the gradebooks
+    write_expected(good, FINAL_TOTALS, cell_rows)
+    write_expected(bad, {**FINAL_TOTALS, "carol": 3}, cell_rows)
+    # both runs read a course file (COURSE_FILE) with a roster of every learner but hank
     roster = [f'"{k}",{100 + i},Name {i}' for i, k in enumerate(EXPECTED_TOTALS) if k != "hank"]
     (root / "roster.csv").write_text("learner,canvas_id,name\n" + "\n".join(roster) + "\n")
-    (root / "course.toml").write_text('roster = "roster.csv"\n')
-    serial = run_driver(submissions, "--work", root / "work1", "--expected", good, "--course", root / "course.toml",
-                        *common)
+    (root / "course.toml").write_text(COURSE_FILE)
+    common = ["--root", root, "--per-test", "--cell-timeout", CELL_TIMEOUT, "--seed", RUN_SEED,
+              "--course", root / "course.toml"]
+    serial = run_driver(submissions, "--work", root / "work1", "--expected", good, *common)
     parallel = run_driver(submissions, "--work", root / "work2", "--expected", bad, "--jobs", 2, "--cold-start",
                           *common)
     return {"root": root, "release": release, "submissions": submissions, "before": before,
@@ -195,7 +214,7 @@ def test_serial_run_matches_expected_scores(pipeline):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "All scores match" in done.stdout
     grades = read_grades(pipeline["work1"]).set_index("learner")
-    assert grades["score"].to_dict() == {k: float(v) for k, v in EXPECTED_TOTALS.items()}
+    assert grades["score"].to_dict() == pytest.approx({k: float(v) for k, v in FINAL_TOTALS.items()})
     assert set(grades["max_score"]) == {3.0}
     ok = [k for k in EXPECTED_TOTALS if k not in ("eve", "gina", "hank")]
     assert (grades.loc[ok, "error"] == "").all()
@@ -205,7 +224,7 @@ def test_a_course_roster_gives_the_lms_gradebooks(pipeline):
     """With a roster in the course file the run writes the plain and the Canvas gradebooks
     (course_grader.lms); a graded learner missing from the roster keeps an error row."""
     book = read_grades(pipeline["work1"], "gradebook.csv").set_index("learner")
-    assert book["score"].to_dict() == {k: float(v) for k, v in EXPECTED_TOTALS.items()}
+    assert book["score"].to_dict() == pytest.approx({k: float(v) for k, v in FINAL_TOTALS.items()})
     assert book.loc["hank", "error"].startswith("not in the roster")
     assert not book.drop(index="hank")["error"].str.startswith("not in the roster").any()
     canvas = pd.read_csv(pipeline["work1"] / "canvas_gradebook.csv", dtype=str, keep_default_na=False)
@@ -213,13 +232,69 @@ def test_a_course_roster_gives_the_lms_gradebooks(pipeline):
     assert canvas.iloc[0]["Student"] == "Points Possible" and canvas.iloc[0][LAB] == "3"
     ids = {k: str(100 + i) for i, k in enumerate(EXPECTED_TOTALS)}
     got = dict(zip(canvas["ID"][1:], canvas[LAB][1:]))
-    assert got == {ids[k]: str(v) for k, v in EXPECTED_TOTALS.items() if k != "hank"}
+    assert got == {ids[k]: f"{v:g}" for k, v in FINAL_TOTALS.items() if k != "hank"}
     assert "graded row(s) not in it: hank" in pipeline["serial"].stdout.replace("1 graded", "graded")
+
+
+def test_deadlines_extensions_and_the_late_policy(pipeline):
+    """The course file's deadline, alice's extension and 10 % a started day, applied by nbgrader's
+    late-submission plugin in each shard (course_grader.late): grades.csv shows the raw score, the
+    penalty, the seconds late and the timestamp used; a submission without one is flagged; the merged
+    gradebook and nbgrader's own export agree."""
+    grades = read_grades(pipeline["work1"]).set_index("learner")
+    assert grades.loc["jack", ["raw_score", "penalty", "late"]].tolist() == pytest.approx([3.0, 0.3, 3600])
+    assert grades.loc["jack", "timestamp"] == "2020-01-01T01:00:00+00:00"
+    assert grades.loc["jack", "deadline"] == "2020-01-01T00:00:00+00:00"
+    assert grades.loc["alice", ["score", "penalty", "late"]].tolist() == [3.0, 0.0, 0]   # inside her extension
+    assert grades.loc["alice", "deadline"] == "2020-01-03T00:00:00+00:00"
+    assert grades.loc["dave", "timestamp"] == "" and "no timestamp.txt" in grades.loc["dave", "flags"]
+    assert "timestamp" not in grades.loc["carol", "flags"]
+    export = pd.read_csv(pipeline["work1"] / "course" / "nbgrader_export.csv", dtype={"student_id": str},
+                         keep_default_na=False, on_bad_lines="skip").set_index("student_id")   # unquoted: 'smith, john'
+
+    assert export.loc["jack", ["raw_score", "late_submission_penalty", "score"]].astype(float).tolist() == \
+        pytest.approx([3.0, 0.3, 2.7])
+    assert float(export.loc["alice", "late_submission_penalty"] or 0) == 0.0
+
+
+def test_stock_autograde_applies_the_course_file(tmp_path):
+    """Stock `nbgrader autograde` with the course config (as `cd autograder; nbgrader autograde`)
+    charges the same penalty: ApplyDeadlines and CourseLatePolicy are in the course's pipeline."""
+    from course_grader.grade import nbgrader_env, write_course_config
+
+    course = tmp_path / "course"
+    source = write_source(tmp_path)
+    (course / "source").mkdir(parents=True)
+    shutil.copytree(source.parent, course / "source" / LAB)
+    write_course_config(course, 60)
+    (tmp_path / "roster.csv").write_text("learner,canvas_id\njack,1\nalice,2\n")
+    (tmp_path / "course.toml").write_text(COURSE_FILE)
+    env = nbgrader_env(1)
+    files = [f"--ApplyDeadlines.course_file={tmp_path / 'course.toml'}",
+             f"--CourseLatePolicy.course_file={tmp_path / 'course.toml'}"]
+
+    def nbgrader(*args):
+        done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    nbgrader("generate_assignment", LAB, "--force")
+    for learner in ("jack", "alice"):
+        nbgrader("db", "student", "add", learner)
+        sub = course / "submitted" / learner / LAB
+        shutil.copytree(course / "source" / LAB, sub)     # the solution: 3 points before any penalty
+        (sub / "timestamp.txt").write_text(TIMESTAMPS[learner])
+        nbgrader("autograde", LAB, "--student", learner, *files)
+    nbgrader("export")
+    export = pd.read_csv(course / "nbgrader_export.csv", dtype={"student_id": str}).set_index("student_id")
+    assert export.loc["jack", ["raw_score", "late_submission_penalty", "score"]].tolist() == pytest.approx([3, 0.3, 2.7])
+    assert export.loc["alice", ["raw_score", "late_submission_penalty", "score"]].tolist() == pytest.approx([3, 0, 3])
 
 
 def test_a_bad_course_file_is_refused_before_anything_is_written(tmp_path):
     (tmp_path / "course.toml").write_text('roster = "missing.csv"\n')
     (tmp_path / "batch").mkdir()
+    write_source(tmp_path)
     done = run_driver(tmp_path / "batch", "--root", tmp_path, "--work", tmp_path / "w", "--course",
                       tmp_path / "course.toml")
     assert done.returncode == 2 and "missing.csv: no such file" in done.stderr, done.stderr

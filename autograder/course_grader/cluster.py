@@ -40,8 +40,8 @@ from . import grade
 from .paths import BASE_CONFIG, REPO_ROOT
 
 #: Submission fields a worker fills in; the driver copies exactly these back (the rest is its own).
-RESULT_FIELDS = ("error", "score", "max_score", "cells", "comments", "graded", "timestamp", "reuse", "judge_flags",
-                 "seconds", "speeds")
+RESULT_FIELDS = ("error", "score", "max_score", "cells", "comments", "graded", "timestamp", "penalty", "seconds_late",
+                 "deadline", "notebook_penalties", "reuse", "judge_flags", "seconds", "speeds")
 #: Installed packages whose versions can change a grade (nbgrader's pipeline; the numerics of the
 #: reference model and of the learner's code).
 PACKAGES = ("nbgrader", "torch", "numpy", "transformers")

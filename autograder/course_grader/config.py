@@ -7,7 +7,8 @@
   which git ignores;
 * the release markers (``### BEGIN SOLUTION``, ``### BEGIN HIDDEN TESTS``, with the
   three hashes, so a stray phrase in prose is never taken for one);
-* the autograde pipeline: deleted test cells restored, repeated cell ids dropped
+* the autograde pipeline: the course file's deadlines, extensions and late policy applied through
+  nbgrader's late-submission plugin (``course_grader.late``), deleted test cells restored, repeated cell ids dropped
   (``course_grader.preprocessors``), per-cell timeouts that record an error and go on,
   stderr that does not zero a cell, and the lab's demonstration cells left unrun (the source
   notebook's role tags; ``SkipDemonstrations``), with a clear error when learner code needs one;
@@ -93,7 +94,7 @@ def _autograde(c) -> None:
     from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearOutput, Execute,
                                         IgnorePattern, LimitOutput, OverwriteKernelspec, SaveAutoGrades)
 
-    from . import preprocessors
+    from . import late, preprocessors
 
     # OverwriteCells restores locked sources and points from the gradebook; with this it also
     # puts back a test cell the learner deleted, so it is graded. RestoreMissingTests is
@@ -111,7 +112,10 @@ def _autograde(c) -> None:
     # its errors only, StderrToStdout and DisplayedValuesAreNotScores after IgnorePattern. Around
     # Execute, SkipDemonstrations (before) leaves the source notebook's demonstration cells unrun (no graded
     # check reads their results) and NameSkippedDemonstrations (after) explains a NameError they cause.
-    c.Autograde.sanitize_preprocessors = [ClearOutput, preprocessors.DropRepeatedIds, OverwriteKernelspec,
+    # ApplyDeadlines (first) copies the course file's deadline and the learner's extension into the
+    # gradebook; nbgrader's AssignLatePenalties then charges what CourseLatePolicy says (course_grader.late).
+    c.AssignLatePenalties.plugin_class = late.CourseLatePolicy
+    c.Autograde.sanitize_preprocessors = [late.ApplyDeadlines, ClearOutput, preprocessors.DropRepeatedIds, OverwriteKernelspec,
                                           preprocessors.RestoreMissingTests, CheckCellMetadata,
                                           preprocessors.EncodableText]
     c.Autograde.autograde_preprocessors = [preprocessors.SkipDemonstrations, Execute, preprocessors.EncodableText,

@@ -10,7 +10,8 @@ under it, ``solutions/`` or ``labs/`` is modified; the work folder (default ``bu
 emptied at each run) holds ``course/`` (a complete nbgrader course built from copies: stock commands
 work in it; its ``gradebook.db`` gets every grade, ``feedback/`` the pages), ``shards/NNNN/`` (one
 small course per submission, where ``nbgrader autograde --student`` runs), ``logs/``, and the tables
-``grades.csv`` (learner, lab, score, max_score, error, seed, judge_flags, flags, sandbox),
+``grades.csv`` (learner, lab, score, max_score, raw_score, penalty, late, timestamp, deadline, error, seed,
+judge_flags, flags, sandbox; score = raw_score - penalty, course_grader.late),
 ``judge_disagreements.csv``, ``timings.csv`` and, with ``--per-test``, ``grades_per_test.csv``.
 
 What it defends against: one submission's crash, hang, dead kernel, corrupt or renamed notebook,
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import datetime as dt
 import json
 import math
 import os
@@ -99,6 +101,10 @@ class Submission:
     graded: bool = False  # nbgrader autograde finished and the scores are real
     shard: Path | None = None  # the course copy it was graded in
     timestamp: object = None  # submission time nbgrader read from timestamp.txt, if any
+    penalty: float = 0.0  # late-submission penalty nbgrader charged (course_grader.late), in points
+    seconds_late: float = 0.0  # past the deadline, extension included (0: on time or no deadline)
+    deadline: object = None  # the deadline it was checked against (extension included), if the lab has one
+    notebook_penalties: dict = field(default_factory=dict)  # nbgrader's late_submission_penalty per notebook
     seed: int | None = None  # COURSE_GRADING_SEED its hidden tests ran with
     judge_seed: int | None = None  # COURSE_JUDGE_SEED of the judge (never inside the kernel)
     judge_flags: list[dict] = field(default_factory=list)  # cells where the kernel and the judge disagreed
@@ -280,10 +286,9 @@ def copy_ignoring_links(folder: str, names: list[str]) -> set[str]:
 
 def known_labs(root: Path) -> set[str]:
     """Labs with an nbgrader source notebook: ROOT/solutions/{lab}/{lab}.ipynb."""
-    solutions = root / "solutions"
-    if not solutions.is_dir():
+    if not (root / "solutions").is_dir():
         raise InfrastructureError(f"no solutions/ folder under the course root {root}")
-    return {p.name for p in solutions.iterdir() if (p / f"{p.name}.ipynb").is_file()}
+    return set(term_mod.course_labs(root))
 
 
 def find_submissions(submissions: Path, labs_available: set[str], only: list[str] | None = None,
@@ -551,6 +556,10 @@ def read_scores(db: Path, course_id: str, row: Submission) -> None:
         sub = gb.find_submission(row.lab, row.learner)
         row.score, row.max_score = float(sub.score), float(sub.max_score)
         row.timestamp = sub.timestamp
+        row.penalty = float(sub.late_submission_penalty or 0.0)
+        row.seconds_late = float(sub.total_seconds_late)
+        row.deadline = sub.duedate
+        row.notebook_penalties = {nb.name: nb.late_submission_penalty for nb in sub.notebooks}
         row.cells = [
             {"notebook": nb.name, "cell": g.name, "auto_score": g.auto_score,
              "score": float(g.score), "max_score": float(g.max_score),
@@ -785,7 +794,7 @@ def report_outcomes(outcomes, total: int) -> None:
               flush=True)
 
 
-def merge_into_course(course: Path, rows: list[Submission], course_id: str) -> None:
+def merge_into_course(course: Path, rows: list[Submission], course_id: str, term=None) -> None:
     """Add the learners to course/gradebook.db, copy in their grades and files (one process, serial)."""
     from nbgrader.api import Gradebook
 
@@ -796,7 +805,12 @@ def merge_into_course(course: Path, rows: list[Submission], course_id: str) -> N
             if not row.graded:
                 continue
             extra = {"timestamp": row.timestamp} if row.timestamp is not None else {}
-            gb.update_or_create_submission(row.lab, row.learner, **extra)
+            submission = gb.update_or_create_submission(row.lab, row.learner, **extra)
+            # what the shard's ApplyDeadlines and AssignLatePenalties wrote (course_grader.late)
+            if term is not None and row.lab in term.deadlines:   # the due date is there (build_course)
+                submission.extension = term.extensions.get((row.learner, row.lab))
+            for nb in submission.notebooks:
+                nb.late_submission_penalty = row.notebook_penalties.get(nb.name)
             for cell in row.cells:
                 grade = gb.find_grade(cell["cell"], cell["notebook"], row.lab, row.learner)
                 grade.auto_score = cell["auto_score"]
@@ -861,11 +875,21 @@ def check_merge(course: Path, rows: list[Submission], course_id: str) -> None:
 
 
 def totals_table(rows: list[Submission]) -> pd.DataFrame:
-    return pd.DataFrame([(printable(r.learner), printable(r.lab), r.score, r.max_score, printable(r.error), r.seed,
-                          len(r.judge_flags), printable("; ".join(flag_notes(r))))
+    """One row per (learner, lab): ``score`` is the raw score less the late penalty (nbgrader's
+    export does the same), ``late`` the seconds past the deadline (extension included), ``timestamp``
+    the submission time it used (UTC; empty when the submission had no timestamp.txt)."""
+    return pd.DataFrame([(printable(r.learner), printable(r.lab), max(0.0, r.score - r.penalty), r.max_score,
+                          r.score, r.penalty, round(r.seconds_late), _utc(r.timestamp), _utc(r.deadline),
+                          printable(r.error), r.seed, len(r.judge_flags), printable("; ".join(flag_notes(r))))
                          for r in sorted(rows, key=lambda r: (r.learner, r.lab))],
-                        columns=["learner", "lab", "score", "max_score", "error", "seed", "judge_flags", "flags"],
+                        columns=["learner", "lab", "score", "max_score", "raw_score", "penalty", "late", "timestamp",
+                                 "deadline", "error", "seed", "judge_flags", "flags"],
                         ).astype({"seed": "Int64"})
+
+
+def _utc(when) -> str:
+    """nbgrader's naive-UTC datetime as ISO 8601 with its zone ("" for none)."""
+    return "" if when is None else when.replace(tzinfo=dt.timezone.utc).isoformat()
 
 
 def timings_table(rows: list[Submission]) -> pd.DataFrame:
@@ -882,6 +906,8 @@ def flag_notes(row: Submission) -> list[str]:
     graded cells (undone before grading), cells where the learner's kernel and the judge disagreed,
     tests that reuse their exercise's reference and code that may hide calls from that check."""
     notes = [f"graded {row.notebook} as {row.lab}.ipynb"] if row.notebook else []
+    if row.graded and row.deadline is not None and row.timestamp is None:
+        notes.append("no timestamp.txt: lateness against the deadline not checked")
     notes += [f"not copied (symlink or special file): {name}" for name in row.skipped]
     notes += row.tampering
     notes += [f"{f['cell']}: the judge failed it, the kernel passed it (check for tampering)"
@@ -982,8 +1008,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise InfrastructureError(f"nbgrader is not importable by {sys.executable}: {exc}") from exc
     # the course file and its roster are read before anything is graded or written: a bad one is refused
-    args.term = term_mod.load(args.course or args.root / "autograder" / "course.toml")
-    args.roster = lms.read_roster(args.term.roster) if args.term.roster is not None else None
+    args.term = term_mod.load(args.course or args.root / "autograder" / "course.toml", labs=known_labs(args.root))
+    args.roster = term_mod.read_roster(args.term.roster) if args.term.roster is not None else None
     rows = find_submissions(args.submissions, known_labs(args.root), args.learners, args.labs)
     labs = sorted({r.lab for r in rows if r.folder is not None and not r.error.startswith("unknown lab")})
     if not labs:
@@ -993,6 +1019,11 @@ def run(args: argparse.Namespace) -> int:
                                                   allow_unsafe=args.unsafe_no_sandbox) + judge.nbgrader_config_lines()
     if args.reference_reuse is not None:
         sandbox_lines.append(f"c.CourseJudge.reference_reuse = {args.reference_reuse!r}")
+    # the deadlines, extensions and late policy of this run's course file (course_grader.late)
+    # (on a cluster the workers read it at the same path: a missing file fails their submissions by name)
+    if args.term.path.exists():
+        sandbox_lines += [f"c.{step}.course_file = {str(args.term.path.resolve())!r}"
+                          for step in ("ApplyDeadlines", "CourseLatePolicy")]
     cluster = None
     try:
         if args.cluster is None:
@@ -1025,6 +1056,13 @@ def _grade(args: argparse.Namespace, rows: list[Submission], labs: list[str], sa
           f"{'NOT sandboxed' if unsafe else 'sandboxed with bubblewrap'}) ...", flush=True)
     course = build_course(args.work, args.root, args.submissions, labs, args.cell_timeout, env, sandbox_lines)
     course_id = course_id_of(course / "gradebook.db")
+    if args.term.deadlines:
+        from nbgrader.api import Gradebook
+
+        from .late import write_deadlines
+
+        with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id) as gb:
+            write_deadlines(gb, args.term, labs)
     max_scores = lab_max_scores(course / "gradebook.db", course_id, labs)
     for row in rows:
         row.max_score = max_scores.get(row.lab, math.nan)
@@ -1047,7 +1085,7 @@ def _grade(args: argparse.Namespace, rows: list[Submission], labs: list[str], sa
             "every submission failed to autograde, which points at the grading set-up rather than the "
             f"learners; see the logs under {args.work / 'shards'} (first: {todo[0].error})")
 
-    merge_into_course(course, rows, course_id)
+    merge_into_course(course, rows, course_id, args.term)
     check_merge(course, rows, course_id)
     generate_feedback(course, args.work, rows, labs, env)
     code, why = run_nbgrader(["export"], course, args.work / "logs" / "export.log", env)

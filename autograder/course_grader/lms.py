@@ -32,72 +32,16 @@ import io
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from . import term as term_mod
-from .term import Term, TermError
+from .term import RosterEntry, Term, TermError, read_roster
 
-ROSTER_COLUMNS = ("learner", "canvas_id", "name", "sis_user_id", "sis_login_id", "section")
 CANVAS_FIXED = ("Student", "ID", "SIS User ID", "SIS Login ID", "Section")
 NOT_IN_ROSTER = "not in the roster"
 GRADE_COLUMNS = ("learner", "lab", "score", "max_score")
-
-
-@dataclass(frozen=True)
-class RosterEntry:
-    learner: str
-    canvas_id: int
-    name: str = ""
-    sis_user_id: str = ""
-    sis_login_id: str = ""
-    section: str = ""
-
-
-def read_roster(path: Path | str) -> dict[str, RosterEntry]:
-    """The roster CSV at PATH: ``learner`` (the course id, the submission folder's name) and
-    ``canvas_id`` (the Canvas user id, an integer) required; ``name``, ``sis_user_id``,
-    ``sis_login_id``, ``section`` optional. Returns {learner: RosterEntry}.
-
-    Raises:
-        TermError: missing file or column, unknown column, an empty or repeated learner, a
-            canvas_id that is not a positive integer or that two learners share.
-    """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise TermError(f"roster {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TermError(f"roster {path}: cannot be read as UTF-8 text: {exc}") from None
-    reader = csv.DictReader(io.StringIO(text))
-    header = reader.fieldnames or []
-    missing = [c for c in ("learner", "canvas_id") if c not in header]
-    if missing:
-        raise TermError(f"roster {path}: missing column(s) {missing} (columns: {', '.join(ROSTER_COLUMNS)})")
-    unknown = [c for c in header if c not in ROSTER_COLUMNS]
-    if unknown:
-        raise TermError(f"roster {path}: unknown column(s) {unknown} (columns: {', '.join(ROSTER_COLUMNS)})")
-    roster: dict[str, RosterEntry] = {}
-    by_canvas: dict[int, str] = {}
-    for line, row in enumerate(reader, start=2):
-        learner = (row.get("learner") or "").strip()
-        if not learner:
-            raise TermError(f"roster {path} line {line}: learner is empty")
-        if learner in roster:
-            raise TermError(f"roster {path} line {line}: learner {learner!r} is listed twice")
-        raw = (row.get("canvas_id") or "").strip()
-        if not raw.isdigit() or int(raw) <= 0:
-            raise TermError(f"roster {path} line {line}: canvas_id of {learner!r} must be a positive integer, "
-                            f"got {raw!r}")
-        cid = int(raw)
-        if cid in by_canvas:
-            raise TermError(f"roster {path} line {line}: canvas_id {cid} is also the id of {by_canvas[cid]!r}")
-        by_canvas[cid] = learner
-        roster[learner] = RosterEntry(learner, cid, *((row.get(c) or "").strip() for c in ROSTER_COLUMNS[2:]))
-    return roster
 
 
 def read_grades(path: Path | str) -> pd.DataFrame:
@@ -259,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.send and not args.canvas:
             raise TermError("--send goes with --canvas")
-        term = term_mod.load(args.course)
+        term = term_mod.load(args.course, labs=term_mod.course_labs())
         roster_path = args.roster or term.roster
         if roster_path is None:
             raise TermError(f"no roster: pass --roster FILE or set roster = \"FILE\" in {term.path}")
