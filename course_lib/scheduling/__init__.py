@@ -15,7 +15,7 @@ from .cost import (CASE_D_MODEL, CASE_KV_BYTES_PER_TOKEN, CASE_LAYERS, CASE_N_MA
                    cost_per_million_tokens, iteration_seconds, iteration_time, iteration_work, joules_per_token,
                    max_tokens, owned_dollars_per_hour, utilisation_for_volume)
 from .metrics import DEFAULT_TARGETS, METRIC_KEYS, metrics
-from .reference import POLICIES, resolve_deployment, run_reference, run_with_step
+from .reference import POLICIES, SWEEP_POLICIES, resolve_deployment, run_reference, run_with_step
 from .simulator import ARRIVALS, run_trace, simulate
 from .step import (ADMIT_FRACTION, CHUNK_BUDGET, MAX_RUNNING, STATIC_BATCH, STATIC_WAIT, RequestTooLargeError,
                    StepPlan, admit, admit_limit, as_plan, chunked_step, evictions, plan_chunks, static_batch)
@@ -32,7 +32,7 @@ __all__ = [
     "StepPlan", "as_plan", "chunked_step", "admit", "static_batch", "plan_chunks", "evictions", "admit_limit",
     "RequestTooLargeError",
     "CHUNK_BUDGET", "MAX_RUNNING", "ADMIT_FRACTION", "STATIC_BATCH", "STATIC_WAIT",
-    "POLICIES", "run_trace", "run_reference", "run_with_step", "simulate", "resolve_deployment",
+    "POLICIES", "SWEEP_POLICIES", "run_trace", "run_reference", "run_with_step", "simulate", "resolve_deployment",
     "metrics", "METRIC_KEYS", "DEFAULT_TARGETS",
     "capacity", "meets_targets", "BISECTION_STEPS", "RATE_BOUNDS",
 ]

@@ -42,11 +42,13 @@ from .step import (CHUNK_BUDGET, MAX_RUNNING, STATIC_BATCH, STATIC_WAIT, Request
                    admit_limit, as_plan, chunked_step, evictions, plan_chunks, static_batch)
 from .workload import MAX_OUTPUT, Request, RequestRecord
 
-__all__ = ["POLICIES", "run_reference", "run_with_step", "resolve_deployment", "check_policy", "check_trace",
+__all__ = ["POLICIES", "SWEEP_POLICIES", "run_reference", "run_with_step", "resolve_deployment", "check_policy", "check_trace",
            "iteration_limit", "overrun"]
 
 #: The policies: the four the lab sweeps, in that order, then static batching with a memory check.
 POLICIES: tuple[str, ...] = ("static", "reserve", "paged", "chunked", "static-checked")
+#: The four policies of the lab's sweep (section 5), in its order.
+SWEEP_POLICIES: tuple[str, ...] = POLICIES[:4]
 
 
 # -- inputs, shared with the fast simulator --------------------------------------------------------
