@@ -1,5 +1,6 @@
-"""Lab 3: scheduling. An iteration cost model, the seeded workload, a serving simulator
-(static, reserve, paged and chunked policies), serving metrics and the SLO capacity search.
+"""Lab 3: scheduling. An iteration cost model and serving cost accounting, the seeded workload
+(Poisson or on/off arrivals), a serving simulator (static, reserve, paged and chunked policies, and
+static batching with a memory check), serving metrics and the SLO capacity search.
 
 Modules, in reading order: ``cost`` (one iteration's time), ``workload`` (the seeded trace),
 ``step`` (one iteration's scheduling rules: admission, chunk planning, preemption),

@@ -23,6 +23,11 @@ compute, memory) serving one model (N_matmul, L, d, its attention width n_h * d_
 bytes, KV bytes per token) at an MFU, with a KV-cache budget. Its defaults are the course's
 case model on the 24GB-1.0 device at 50 % MFU with 16e9 B of KV budget. ``PROFILES`` holds the
 four priced deployments of the lab.
+
+The module ends with the serving cost accounting of the lab's capacity section
+(``docs/scheduling.md#serving-cost-accounting``): dollars per million output tokens at a
+utilisation, the utilisation of a daily volume, the break-even volume against a hosted API,
+an owned device's hourly cost and the energy per output token.
 """
 from __future__ import annotations
 

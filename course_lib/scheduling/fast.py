@@ -1,6 +1,6 @@
 """The fast path of the Lab 3 serving simulator: ``reference.py``'s simulation, bit for bit.
 
-Read ``reference.py`` first: it defines the four policies one loop pass per iteration. This
+Read ``reference.py`` first: it defines the policies one loop pass per iteration. This
 module makes the same decisions in the same order and does the same float operations, so the
 token timestamps are identical (the tests compare them with ``np.array_equal`` on many
 seeded traces), but it avoids the two costs of the plain loop:

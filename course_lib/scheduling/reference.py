@@ -1,7 +1,7 @@
 """The serving simulator of Lab 3, written plainly: one loop pass per iteration.
 
 This is the readable definition of what ``run_trace`` computes (``fast.py`` is the same
-simulation from running totals, tested against this one bit for bit). Four policies serve
+simulation from running totals, tested against this one bit for bit). Five policies serve
 one trace of requests on one ``Deployment``; every iteration's time is ``cost.iteration_time``
 of what it runs (``docs/scheduling.md`` gives the rules and their sources):
 
@@ -42,8 +42,8 @@ from .step import (CHUNK_BUDGET, MAX_RUNNING, STATIC_BATCH, STATIC_WAIT, Request
                    admit_limit, as_plan, chunked_step, evictions, plan_chunks, static_batch)
 from .workload import MAX_OUTPUT, Request, RequestRecord
 
-__all__ = ["POLICIES", "SWEEP_POLICIES", "run_reference", "run_with_step", "resolve_deployment", "check_policy", "check_trace",
-           "iteration_limit", "overrun"]
+__all__ = ["POLICIES", "SWEEP_POLICIES", "run_reference", "run_with_step", "resolve_deployment", "check_policy",
+           "check_trace", "iteration_limit", "overrun"]
 
 #: The policies: the four the lab sweeps, in that order, then static batching with a memory check.
 POLICIES: tuple[str, ...] = ("static", "reserve", "paged", "chunked", "static-checked")
