@@ -247,12 +247,14 @@ def test_bursty_workload_keeps_the_requests_and_the_mean_rate():
     smooth, bursty = make_workload(0.2), make_bursty_workload(0.2)
     assert [(r.prompt, r.output) for r in bursty] == [(r.prompt, r.output) for r in smooth]
     assert [r.arrival for r in bursty] == sorted(r.arrival for r in bursty)
-    many = make_bursty_workload(0.5, count=200_000, seed=1)
+    # short on periods (2 s, 4 requests each on average): 15,000 on/off cycles, so the mean rate is
+    # within a few standard errors (about 0.7 %) of its expectation
+    many = make_bursty_workload(0.5, count=60_000, seed=1, on_seconds=2.0)
     assert len(many) / many[-1].arrival == pytest.approx(0.5, rel=0.03)
-    gaps = np.diff([0.0] + [r.arrival for r in many])
+    gaps = np.diff([0.0] + [r.arrival for r in make_bursty_workload(0.5, count=20_000, seed=1)])
     assert gaps.std() / gaps.mean() > 2           # bursty: a Poisson process has a coefficient of variation of 1
-    poisson = np.diff([0.0] + [r.arrival for r in make_bursty_workload(0.5, count=50_000, on_fraction=1.0)])
-    assert poisson.std() / poisson.mean() == pytest.approx(1.0, abs=0.03)
+    poisson = np.diff([0.0] + [r.arrival for r in make_bursty_workload(0.5, count=20_000, on_fraction=1.0)])
+    assert poisson.std() / poisson.mean() == pytest.approx(1.0, abs=0.05)
 
 
 def test_bursty_workload_draw_order_by_hand():
