@@ -45,6 +45,7 @@ def test_the_solution_passes(seed):
     lab03.check_radix_match(ref.radix_match, seed, cases=6)
     lab03.check_radix_evict(ref.radix_release, ref.radix_evict, seed, cases=6)
     lab03.check_load_or_recompute(ref.load_or_recompute, seed)
+    lab03.check_cost_per_million(ref.cost_per_million, seed, cases=12)
 
 
 @pytest.mark.parametrize("fault", [f.name for f in lab03.FAULTS])
@@ -175,6 +176,10 @@ RADIX_FAULTS = {
     "bandwidth in bits": ("load_or_recompute", "load_s = positions * kv_bytes_per_position / bandwidth",
                           "load_s = positions * kv_bytes_per_position * 8 / bandwidth", "bits per second"),
     "loading wins at a tie": ("load_or_recompute", "needed < bandwidth", "needed <= bandwidth", "break-even point"),
+    "price per minute": ("cost_per_million", "dollars_per_s = dollars_per_hour / 3600",
+                         "dollars_per_s = dollars_per_hour / 60", "divided by 60"),
+    "price per token": ("cost_per_million", "return dollars_per_s / (tokens_per_s * utilisation) * 1e6",
+                        "return dollars_per_s / (tokens_per_s * utilisation)", "per token, not per million"),
     "break-even times L": ("load_or_recompute", "needed = prefill_rate * kv_bytes_per_position",
                            "needed = positions * prefill_rate * kv_bytes_per_position", "multiplied by the prefix"),
 }
@@ -226,6 +231,10 @@ def test_malformed_radix_results_are_refused():
         lab03.check_load_or_recompute(lambda *a: dict(ref.load_or_recompute(*a), load_wins="yes"))
     with pytest.raises(ContractError, match="lacks"):
         lab03.check_load_or_recompute(lambda *a: {"load_s": 1.0})
+    with pytest.raises(ContractError, match="real number|float|number"):
+        lab03.check_cost_per_million(lambda *a: str(ref.cost_per_million(*a)))
+    with pytest.raises(ContractError, match="expected"):
+        lab03.check_cost_per_million(lambda *a: ref.cost_per_million(*a) * (1 + 1e-6))
 
 
 def test_the_radix_solution_passes_many_hidden_draws():

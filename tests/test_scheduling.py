@@ -19,8 +19,10 @@ from course_lib.hardware import DEVICES, REFERENCE_DEVICES, Device
 from course_lib.roofline import CASE_WEIGHT_BYTES, case_model, n_matmul
 from course_lib.scheduling import (
     CHUNK_BUDGET, MAX_RUNNING, POLICIES, PROFILES, Deployment, Request, RequestRecord, RequestTooLargeError,
-    StepPlan, admit, capacity, chunked_step, cost_per_million_tokens, evictions, iteration_time, iteration_work,
-    make_workload, meets_targets, metrics, plan_chunks, run_reference, run_trace, run_with_step, simulate,
+    StepPlan, admit, break_even_tokens_per_day, capacity, chunked_step, cost_per_million_tokens, evictions,
+    iteration_time, iteration_work, joules_per_token, make_bursty_workload, make_workload, meets_targets, metrics,
+    owned_dollars_per_hour, plan_chunks, run_reference, run_trace, run_with_step, simulate, static_batch,
+    utilisation_for_volume,
 )
 
 APPROX = dict(rel=1e-12, abs=1e-12)
@@ -181,6 +183,96 @@ def test_cost_per_million_tokens():
     assert cost_per_million_tokens(500.0, 1.00) == pytest.approx(1.00 / 3600 / 500 * 1e6)
     with pytest.raises(ValueError, match="tokens_per_s"):
         cost_per_million_tokens(0.0, 1.0)
+
+
+def test_cost_per_million_tokens_divides_by_the_utilisation():
+    # $1.80/h = $0.0005/s; 500 tok/s busy a quarter of the time = 125 tok/s paid for: $4 per million
+    assert cost_per_million_tokens(500.0, 1.80, 0.25) == pytest.approx(4.0, **APPROX)
+    assert cost_per_million_tokens(500.0, 1.80, 1.0) == pytest.approx(1.0, **APPROX)
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="utilisation"):
+            cost_per_million_tokens(500.0, 1.80, bad)
+
+
+def test_volume_break_even_and_owned_device_by_hand():
+    assert utilisation_for_volume(43.2e6, 1000.0) == pytest.approx(0.5, **APPROX)   # 1,000 tok/s: 86.4e6 a day
+    with pytest.raises(ValueError, match="more than one device"):
+        utilisation_for_volume(90e6, 1000.0)
+    # $1/h is $24 a day; at $0.20 per million that buys 120 million tokens a day
+    assert break_even_tokens_per_day(1.0, 0.20) == pytest.approx(120e6, **APPROX)
+    # $26,280 over one year of 8,760 h is $3/h; 1 kW at $0.10/kWh is $0.10/h
+    assert owned_dollars_per_hour(purchase_dollars=26_280, watts=1000, dollars_per_kwh=0.10, years=1) == \
+        pytest.approx(3.1, **APPROX)
+    assert owned_dollars_per_hour(purchase_dollars=26_280, watts=500, dollars_per_kwh=0.0) == pytest.approx(
+        1.0 + 0.0, **APPROX)   # three years by default
+    assert joules_per_token(700, 3500) == pytest.approx(0.2, **APPROX)
+    with pytest.raises(ValueError, match="watts"):
+        joules_per_token(0, 10)
+    with pytest.raises(ValueError, match="dollars_per_kwh"):
+        owned_dollars_per_hour(purchase_dollars=1, watts=1, dollars_per_kwh=-1)
+
+
+# -- static batching with a memory check -----------------------------------------------------------
+def test_static_batch_counts_what_fits():
+    assert static_batch([10] * 20, limit=None) == 16
+    assert static_batch([10] * 3, limit=None) == 3
+    # charges prompt + 4000: 6000 fits in 15,000, 6000 + 10,000 does not
+    assert static_batch([2000, 6000, 1000], limit=15_000) == 1
+    assert static_batch([7000], limit=10_000) == 0
+    assert static_batch([100] * 20, limit=10 ** 9) == 16
+
+
+def test_golden_static_checked_dispatches_what_fits():
+    # KV budget 10,000 positions: admission limit 9,900; each request is charged 10 + 4000 = 4010,
+    # so two fit and the third does not. At 0.2 s the queue holds three: the batch is full (C does
+    # not fit), A and B leave at once; C runs alone at its own deadline 0.2 + 2 = 2.2 s.
+    reqs = [Request(0.0, 10, 1), Request(0.1, 10, 1), Request(0.2, 10, 1)]
+    prefill2 = max(1000 / 1000, (2 * 20 + 4 * 2 * 55) / 10000)   # 1.0 s, memory-bound
+    expected = [[0.2 + prefill2], [0.2 + prefill2], [2.2 + 1.0]]
+    assert_times(run_trace(reqs, "static-checked", tiny(10_000)), expected)
+    assert_times(run_reference(reqs, "static-checked", tiny(10_000)), expected)
+    # unchecked, the three wait for A's 2 s deadline and go together
+    assert_times(run_trace(reqs, "static", tiny(10_000)), [[3.0]] * 3)
+
+
+def test_static_checked_refuses_a_request_that_can_never_fit():
+    reqs = [Request(0.0, 10, 1)]   # 4010 positions > 0.99 * 4000
+    for run in (run_trace, run_reference):
+        with pytest.raises(RequestTooLargeError, match="static-checked"):
+            run(reqs, "static-checked", tiny(4000))
+
+
+# -- bursty arrivals ----------------------------------------------------------------------------------
+def test_bursty_workload_keeps_the_requests_and_the_mean_rate():
+    smooth, bursty = make_workload(0.2), make_bursty_workload(0.2)
+    assert [(r.prompt, r.output) for r in bursty] == [(r.prompt, r.output) for r in smooth]
+    assert [r.arrival for r in bursty] == sorted(r.arrival for r in bursty)
+    # short on periods (2 s, 4 requests each on average): 15,000 on/off cycles, so the mean rate is
+    # within a few standard errors (about 0.7 %) of its expectation
+    many = make_bursty_workload(0.5, count=60_000, seed=1, on_seconds=2.0)
+    assert len(many) / many[-1].arrival == pytest.approx(0.5, rel=0.03)
+    gaps = np.diff([0.0] + [r.arrival for r in make_bursty_workload(0.5, count=20_000, seed=1)])
+    assert gaps.std() / gaps.mean() > 2           # bursty: a Poisson process has a coefficient of variation of 1
+    poisson = np.diff([0.0] + [r.arrival for r in make_bursty_workload(0.5, count=20_000, on_fraction=1.0)])
+    assert poisson.std() / poisson.mean() == pytest.approx(1.0, abs=0.05)
+
+
+def test_bursty_workload_draw_order_by_hand():
+    rng = random.Random("on-off 0")
+    end = rng.expovariate(1 / 20.0)                 # the first on period
+    first = rng.expovariate(0.2 / 0.25)             # a gap at four times the mean rate
+    assert first < end                              # (true for this seed)
+    assert make_bursty_workload(0.2)[0].arrival == first
+    for bad in (0.0, 1.01):
+        with pytest.raises(ValueError, match="on_fraction"):
+            make_bursty_workload(0.2, on_fraction=bad)
+
+
+def test_simulate_serves_the_bursty_workload():
+    assert simulate(0.2, "chunked", count=40, arrivals="on-off") == metrics(
+        run_trace(make_bursty_workload(0.2, 40), "chunked"))
+    with pytest.raises(ValueError, match="arrivals"):
+        simulate(0.2, "chunked", arrivals="bursty")
 
 
 # -- workload ----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ hand-derived traces):
 - the capacity search: the reference's sequence of probed rates and its result (to 1e-12);
 - the radix prefix cache (on plain data, ``RadixCache.to_plain``'s form): the returned block ids
   and the whole tree after every call exactly equal to ``course_lib.cache.radix.RadixCache``'s;
+- the price per million output tokens: ``scheduling.cost_per_million_tokens`` within a relative 1e-9;
 - load or recompute: the ``course_lib.cache.tiers`` figures within a relative 1e-9, the verdict exactly.
 
 When a contract fails, the checker evaluates the known faults of Lab 3 on the same inputs
@@ -34,6 +35,7 @@ the same function as ``course_lib.scheduling.iteration_time``, ``schedule_step``
     radix_match(root, tokens, block_size, now) -> list[int]           (root: a plain tree, changed in place)
     radix_release(root, tokens, block_size) -> None                    (in place)
     radix_evict(root, n_blocks, block_size) -> list[int]               (in place)
+    cost_per_million(output_tokens, prompt_tokens, seconds, dollars_per_hour, utilisation=1.0) -> float $
     load_or_recompute(positions, kv_bytes_per_position, bandwidth, prefill_rate) -> dict
         (load_s, recompute_s, break_even_bandwidth, load_wins)
 """
@@ -57,6 +59,7 @@ from .tables import Contract, Edit, Fault, Writes, check_tables
 
 __all__ = ["check_iteration_time", "check_schedule_step", "check_step_in_a_run", "check_serving_metrics",
            "check_find_capacity", "check_radix_match", "check_radix_evict", "check_load_or_recompute",
+           "check_cost_per_million",
            "normalise_plan", "variant_step", "variant_bisect", "variant_evict", "tiny_deployment",
            "METRIC_NAMES", "TIER_KEYS", "RELATIVE", "CONTRACTS", "FAULTS"]
 
@@ -510,7 +513,7 @@ def check_find_capacity(fn: Callable, seed: int = 0, cases: int = 4) -> None:
         raise named_faults(err, matches)
 
 
-# -- exercises 5 and 6: the radix prefix cache on plain data --------------------------------------
+# -- exercises 6 and 7: the radix prefix cache on plain data --------------------------------------
 #: A drawn tree's token alphabet: small, so prompts share prefixes; a query's divergent tokens lie outside it.
 _ALPHABET = 4
 
@@ -700,7 +703,7 @@ def check_radix_match(fn: Callable, seed: int = 0, cases: int = 4) -> None:
                 raise ContractError(f"{what}: after the match, {difference}")
 
 
-# -- exercise 6: a finished request lets go; eviction under locks -----------------------------------------
+# -- exercise 7: a finished request lets go; eviction under locks -----------------------------------------
 def variant_evict(cache: RadixCache, n_blocks: int, *, oldest_first: bool = True, bottom_up: bool = True,
                   fold: bool = True) -> list[int] | None:
     """``RadixCache.evict`` with one known fault switched on, on CACHE (changed in place; the checker passes a
@@ -845,7 +848,52 @@ def check_radix_evict(release: Callable, evict: Callable, seed: int = 0, cases: 
                                     "the same lock count is folded into it)")
 
 
-# -- exercise 7: load a saved prefix or recompute it -----------------------------------------------------
+# -- exercise 5: the price of a token on a device that is not always busy -----------------------------
+def _price_variants(out: float, prompt: float, seconds: float, price: float, u: float) -> dict[str, float]:
+    """The utilisation-adjusted price with each known fault, on the same inputs."""
+    tps = out / seconds
+    return {
+        "the utilisation multiplied instead of divided (idle hours are paid too, so a device busy a share u of its "
+        "hours makes each token cost 1/u times more)": price / 3600 / tps * u * 1e6,
+        "the hourly price used as a price per second (divide $/h by 3,600 before dividing by tokens per second)":
+            price / (tps * u) * 1e6,
+        "the hourly price divided by 60 instead of 3,600 (an hour has 3,600 seconds)": price / 60 / (tps * u) * 1e6,
+        "the prompt tokens counted as output (a price per million output tokens divides by the output tokens only)":
+            price / 3600 / ((out + prompt) / seconds * u) * 1e6,
+        "a price per token, not per million tokens (multiply by 1e6)": price / 3600 / (tps * u),
+    }
+
+
+def check_cost_per_million(fn: Callable, seed: int = 0, cases: int = 6) -> None:
+    """Contract: fn(output_tokens, prompt_tokens, seconds, dollars_per_hour, utilisation) returns the dollars
+    per million output tokens of a device rented at dollars_per_hour that served output_tokens (and prompts
+    of prompt_tokens) in ``seconds`` of busy time and is busy a share ``utilisation`` of the hours paid:
+    ``course_lib.scheduling.cost_per_million_tokens(output_tokens / seconds, dollars_per_hour, utilisation)``
+    within a relative 1e-9, as a real number. Case 0 is the 24GB-bf16 capacity run of section 6 (about 466
+    output tokens/s at $1.00/h) always busy, case 1 the same device 30 % used; the rest are drawn."""
+    check_own_function("cost_per_million", fn)
+    rng = random.Random(seed)
+    for case in range(cases):
+        if case < 2:
+            out, prompt, seconds, price = 521_220, 1_200_467, 1117.8, 1.0
+            u = 1.0 if case == 0 else 0.3
+        else:
+            seconds = 10 ** rng.uniform(1, 5)
+            out = rng.randint(1_000, 10_000_000)
+            prompt = rng.randint(1_000, 30_000_000)
+            price, u = round(10 ** rng.uniform(-1, 1.3), 2), round(rng.uniform(0.05, 0.95), 3)
+        what = (f"cost_per_million(case {case}: {out:,} output tokens, {prompt:,} prompt tokens in {seconds:.6g} s, "
+                f"${price}/h, utilisation {u})")
+        got = check_real(what, fn(out, prompt, seconds, price, u))
+        expected = ref.cost_per_million_tokens(out / seconds, price, u)
+        if _close(got, expected):
+            continue
+        err = f"{what}: expected ${expected!r} per million output tokens, got {got!r}"
+        raise named_faults(err, [name for name, value in _price_variants(out, prompt, seconds, price, u).items()
+                                 if _close(got, value)])
+
+
+# -- exercise 8: load a saved prefix or recompute it -----------------------------------------------------
 TIER_KEYS = ("load_s", "recompute_s", "break_even_bandwidth", "load_wins")
 
 
@@ -928,6 +976,8 @@ CONTRACTS = (
              references=("course_lib.scheduling.metrics.metrics",)),
     Contract("test_find_capacity", check_find_capacity, ("find_capacity",),
              references=("course_lib.scheduling.capacity_search.capacity", "course_lib.grading.lab03.variant_bisect")),
+    Contract("test_cost_per_million", check_cost_per_million, ("cost_per_million",),
+             references=("course_lib.scheduling.cost.cost_per_million_tokens",)),
     Contract("test_radix_match", check_radix_match, ("radix_match",), writes=Writes(args=(0,)),
              references=("course_lib.cache.radix.RadixCache.match", "course_lib.cache.radix.RadixCache._walk",
                          "course_lib.cache.radix.RadixCache._matched", "course_lib.cache.radix.RadixCache._split")),
@@ -985,6 +1035,20 @@ FAULTS = (
                 '"itl99": float(np.mean([np.quantile(g, 0.99) for g in gaps if len(g)]))'),),
           {"test_serving_metrics": "mean of per-request p99s"},
           "averages per-request p99 gaps instead of pooling every gap"),
+    Fault("utilisation_multiplied",
+          (Edit("cost_per_million", "return dollars_per_s / (tokens_per_s * utilisation) * 1e6",
+                "return dollars_per_s / tokens_per_s * utilisation * 1e6"),),
+          {"test_cost_per_million": "utilisation multiplied instead of divided"},
+          "multiplies the price by the utilisation instead of dividing by it, so an idle device looks cheaper"),
+    Fault("hourly_price_per_second",
+          (Edit("cost_per_million", "dollars_per_s = dollars_per_hour / 3600", "dollars_per_s = dollars_per_hour"),),
+          {"test_cost_per_million": "hourly price used as a price per second"},
+          "divides the hourly price by tokens per second without converting it to dollars per second"),
+    Fault("prompt_tokens_counted",
+          (Edit("cost_per_million", "tokens_per_s = output_tokens / seconds",
+                "tokens_per_s = (output_tokens + prompt_tokens) / seconds"),),
+          {"test_cost_per_million": "prompt tokens counted as output"},
+          "counts the prompt tokens with the output tokens in a price per million output tokens"),
     Fault("split_drops_child_blocks",
           (Edit("radix_match", 'child["key"], child["blocks"] = child["key"][cut:], child["blocks"][blocks:]',
                 'child["key"], child["blocks"] = child["key"][cut:], []'),),

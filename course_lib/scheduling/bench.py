@@ -20,14 +20,14 @@ import time
 from .capacity_search import capacity
 from .cost import PROFILES, cost_per_million_tokens
 from .metrics import METRIC_KEYS
-from .reference import POLICIES
+from .reference import SWEEP_POLICIES
 from .simulator import simulate
 
 #: The nominal rates of the lab's sweep (requests/s).
 SWEEP_RATES: tuple[float, ...] = (0.10, 0.20, 0.25, 0.30, 0.35, 0.40)
 
 
-def sweep(rates=SWEEP_RATES, policies=POLICIES, count: int = 300) -> list[dict]:
+def sweep(rates=SWEEP_RATES, policies=SWEEP_POLICIES, count: int = 300) -> list[dict]:
     """One row per (policy, rate): {"policy", "rate", **simulate(rate, policy, count=count)}."""
     return [{"policy": p, "rate": r, **simulate(r, p, count=count)} for p in policies for r in rates]
 
@@ -75,7 +75,7 @@ def main(argv=None) -> None:
     print(f"timing: {args.warmup} warm-up run(s), median of {args.repeats} timed repeat(s), time.perf_counter")
     sweep_s, sweep_all, rows = _timed(lambda: sweep(count=args.count), args.warmup, args.repeats)
     cap_s, cap_all, caps = _timed(lambda: capacities(count=args.count), args.warmup, args.repeats)
-    runs_sweep = len(POLICIES) * len(SWEEP_RATES)
+    runs_sweep = len(SWEEP_POLICIES) * len(SWEEP_RATES)
     print(f"sweep ({runs_sweep} runs of {args.count} requests): median {sweep_s:.2f} s "
           f"(all: {', '.join(f'{t:.2f}' for t in sweep_all)})")
     print(f"capacity searches ({len(PROFILES)} x 10 chunked runs): median {cap_s:.2f} s "

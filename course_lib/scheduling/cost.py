@@ -23,6 +23,11 @@ compute, memory) serving one model (N_matmul, L, d, its attention width n_h * d_
 bytes, KV bytes per token) at an MFU, with a KV-cache budget. Its defaults are the course's
 case model on the 24GB-1.0 device at 50 % MFU with 16e9 B of KV budget. ``PROFILES`` holds the
 four priced deployments of the lab.
+
+The module ends with the serving cost accounting of the lab's capacity section
+(``docs/scheduling.md#serving-cost-accounting``): dollars per million output tokens at a
+utilisation, the utilisation of a daily volume, the break-even volume against a hosted API,
+an owned device's hourly cost and the energy per output token.
 """
 from __future__ import annotations
 
@@ -31,10 +36,12 @@ from typing import Sequence
 
 from ..hardware import DEVICES, REFERENCE_DEVICES, Device
 from ..roofline import CASE_WEIGHT_BYTES, case_model, n_matmul, step_time
-from ..validation import instance, nonnegative_integer, number, positive_integer, positive_number
+from ..validation import instance, nonnegative_integer, nonnegative_number, number, positive_integer, positive_number
 
 __all__ = ["Deployment", "Profile", "PROFILES", "iteration_time", "iteration_work", "iteration_seconds",
-           "max_tokens", "cost_per_million_tokens", "CASE_N_MATMUL", "CASE_LAYERS", "CASE_D_MODEL",
+           "max_tokens", "cost_per_million_tokens", "utilisation_for_volume",
+           "break_even_tokens_per_day", "owned_dollars_per_hour", "joules_per_token", "SECONDS_PER_HOUR",
+           "SECONDS_PER_DAY", "HOURS_PER_YEAR", "CASE_N_MATMUL", "CASE_LAYERS", "CASE_D_MODEL",
            "CASE_KV_BYTES_PER_TOKEN"]
 
 _CASE = case_model()
@@ -225,12 +232,92 @@ def iteration_time(decodes: Sequence[int], chunks: Sequence[tuple[int, int]], de
     return iteration_seconds(positions=positions, attention=attention, context=context, deployment=deployment)
 
 
-def cost_per_million_tokens(tokens_per_s: float, dollars_per_hour: float) -> float:
-    """Dollars per million output tokens at a *measured* output rate:
-    dollars_per_hour / 3600 / tokens_per_s * 1e6 (``docs/scheduling.md``, capacity and cost).
+# -- serving cost accounting (docs/scheduling.md#serving-cost-accounting) ---------------------------
+#: Seconds in an hour and in a day, and hours in a (365-day) year.
+SECONDS_PER_HOUR: int = 3600
+SECONDS_PER_DAY: int = 86_400
+HOURS_PER_YEAR: int = 8760
 
-    Raises: ValueError if either argument is not a positive finite number (``validation``'s
-    ArgumentTypeError, a TypeError and a ValueError, if it is not a number at all)."""
+
+def cost_per_million_tokens(tokens_per_s: float, dollars_per_hour: float, utilisation: float = 1.0) -> float:
+    """Dollars per million output tokens of a device paid by the hour
+    (``docs/scheduling.md#serving-cost-accounting``):
+
+        dollars_per_hour / 3600 / (tokens_per_s * utilisation) * 1e6
+
+    Args:
+        tokens_per_s: output tokens per second while the device is busy (the *measured* rate at
+            the load it serves, e.g. the simulator's ``throughput`` at the SLO capacity).
+        dollars_per_hour: what an hour of the device costs, busy or idle ($/h).
+        utilisation: the share of the paid hours the device is busy at that rate, in (0, 1]
+            (1: always busy). Idle hours are paid too, so the price *divides* by it: at 0.3 a
+            token costs 1 / 0.3 = 3.33 times what it costs on a busy device.
+
+    Returns: $ per 1e6 output tokens (float). E.g. 466.3 tok/s at $1.00/h: $0.5957; at 30 %
+    utilisation: $1.986.
+
+    Raises: ValueError if tokens_per_s or dollars_per_hour is not a positive finite number or
+    utilisation is not in (0, 1] (``validation``'s ArgumentTypeError, a TypeError and a
+    ValueError, if one is not a number at all)."""
     tokens_per_s = positive_number("tokens_per_s", tokens_per_s)
     dollars_per_hour = positive_number("dollars_per_hour", dollars_per_hour)
-    return dollars_per_hour / 3600 / tokens_per_s * 1e6
+    utilisation = number("utilisation", utilisation, minimum=0, maximum=1, open_minimum=True)
+    return dollars_per_hour / SECONDS_PER_HOUR / (tokens_per_s * utilisation) * 1e6
+
+
+def utilisation_for_volume(tokens_per_day: float, tokens_per_s: float) -> float:
+    """Share of an always-on device's day a daily volume keeps it busy
+    (``docs/scheduling.md#serving-cost-accounting``): tokens_per_day / (tokens_per_s * 86,400).
+
+    Args: tokens_per_day: output tokens served per day (> 0); tokens_per_s: the device's output
+    rate while busy (> 0). Returns a float in (0, 1].
+    Raises: ValueError for a non-positive argument, or a volume above what one device serves in a
+    day (tokens_per_s * 86,400: more than one device is needed)."""
+    tokens_per_day = positive_number("tokens_per_day", tokens_per_day)
+    tokens_per_s = positive_number("tokens_per_s", tokens_per_s)
+    share = tokens_per_day / (tokens_per_s * SECONDS_PER_DAY)
+    if share > 1:
+        raise ValueError(f"tokens_per_day {tokens_per_day:.6g} is more than one device serves in a day at "
+                         f"{tokens_per_s:.6g} tok/s ({tokens_per_s * SECONDS_PER_DAY:.6g}): use more devices")
+    return share
+
+
+def break_even_tokens_per_day(dollars_per_hour: float, api_dollars_per_million: float) -> float:
+    """Daily output volume at which an always-on device at ``dollars_per_hour`` costs what a hosted
+    API charging ``api_dollars_per_million`` ($ per 1e6 output tokens) would
+    (``docs/scheduling.md#serving-cost-accounting``):
+
+        24 * dollars_per_hour / api_dollars_per_million * 1e6   (output tokens per day)
+
+    Below it the API is cheaper (the device's day is paid whatever it serves); above it, the device
+    is, as long as the volume fits in it (``utilisation_for_volume`` <= 1).
+    Raises: ValueError for a non-positive argument."""
+    dollars_per_hour = positive_number("dollars_per_hour", dollars_per_hour)
+    api = positive_number("api_dollars_per_million", api_dollars_per_million)
+    return SECONDS_PER_DAY / SECONDS_PER_HOUR * dollars_per_hour / api * 1e6
+
+
+def owned_dollars_per_hour(*, purchase_dollars: float, watts: float, dollars_per_kwh: float,
+                           years: float = 3) -> float:
+    """Hourly cost of an owned device run around the clock (``docs/scheduling.md#serving-cost-accounting``):
+    its price written off evenly over ``years`` of 8,760 hours, plus its power at the electricity price:
+
+        purchase_dollars / (years * 8760) + watts / 1000 * dollars_per_kwh
+
+    Arguments keyword-only: purchase_dollars ($, > 0), watts (the device's draw while serving, W, > 0),
+    dollars_per_kwh ($ per kWh, >= 0), years (> 0; 3 by default). Not counted: the host, cooling,
+    space, staff, a loan's interest, a resale value. E.g. $25,000, 700 W, $0.15/kWh, 3 years:
+    0.9513 + 0.105 = $1.056/h.
+    Raises: ValueError for a non-positive price, power or period, or a negative electricity price."""
+    purchase = positive_number("purchase_dollars", purchase_dollars)
+    watts = positive_number("watts", watts)
+    kwh = nonnegative_number("dollars_per_kwh", dollars_per_kwh)
+    years = positive_number("years", years)
+    return purchase / (years * HOURS_PER_YEAR) + watts / 1000 * kwh
+
+
+def joules_per_token(watts: float, tokens_per_s: float) -> float:
+    """Energy per output token in joules: watts / tokens_per_s (a watt is a joule per second;
+    ``docs/scheduling.md#serving-cost-accounting``). 700 W at 3,500 tok/s: 0.2 J.
+    Raises: ValueError for a non-positive argument."""
+    return positive_number("watts", watts) / positive_number("tokens_per_s", tokens_per_s)

@@ -1,6 +1,6 @@
 """The fast path of the Lab 3 serving simulator: ``reference.py``'s simulation, bit for bit.
 
-Read ``reference.py`` first: it defines the four policies one loop pass per iteration. This
+Read ``reference.py`` first: it defines the policies one loop pass per iteration. This
 module makes the same decisions in the same order and does the same float operations, so the
 token timestamps are identical (the tests compare them with ``np.array_equal`` on many
 seeded traces), but it avoids the two costs of the plain loop:
@@ -26,13 +26,15 @@ seeded traces), but it avoids the two costs of the plain loop:
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 
 import numpy as np
 
 from .cost import Deployment, iteration_seconds
 from .reference import overrun
-from .step import CHUNK_BUDGET, MAX_RUNNING, STATIC_BATCH, STATIC_WAIT, RequestTooLargeError, admit_limit
+from .step import (CHUNK_BUDGET, MAX_RUNNING, STATIC_BATCH, STATIC_WAIT, RequestTooLargeError, admit_limit,
+                   static_batch)
 from .workload import MAX_OUTPUT, Request, RequestRecord
 
 __all__ = ["run_fast"]
@@ -124,8 +126,9 @@ def _stretch(tl: _Timeline, m: int, deployment: Deployment, stop_at: float | Non
 
 
 # -- static batching -----------------------------------------------------------------------------
-def _serve_static(seqs: list[_Seq], deployment: Deployment, limit: int) -> _Timeline:
+def _serve_static(seqs: list[_Seq], deployment: Deployment, limit: int, check_memory: bool) -> _Timeline:
     tl = _Timeline()
+    kv_limit = admit_limit(deployment) if check_memory else None
     n, nxt, done, passes = len(seqs), 0, 0, 0
     queue: deque[_Seq] = deque()
     while done < n:
@@ -138,11 +141,18 @@ def _serve_static(seqs: list[_Seq], deployment: Deployment, limit: int) -> _Time
         if not queue:
             tl.clock = seqs[nxt].arrival
             continue
+        size = static_batch([s.prompt for s in itertools.islice(queue, STATIC_BATCH)], limit=kv_limit)
         deadline = queue[0].arrival + STATIC_WAIT
-        if len(queue) < STATIC_BATCH and tl.clock < deadline:
+        if size == len(queue) < STATIC_BATCH and tl.clock < deadline:
             tl.clock = min(deadline, seqs[nxt].arrival) if nxt < n else deadline
             continue
-        batch = [queue.popleft() for _ in range(min(STATIC_BATCH, len(queue)))]
+        if size == 0:
+            s = queue[0]
+            raise RequestTooLargeError(
+                f"a request (arrival {s.arrival:.6g} s, prompt {s.prompt}) needs {s.prompt + MAX_OUTPUT} cached "
+                f"positions but static-checked admits at most {kv_limit} (0.99 * kv_budget / kv_bytes_per_token): "
+                "it can never be served on this deployment")
+        batch = [queue.popleft() for _ in range(size)]
         # one iteration prefills every prompt: chunks (prompt, 0)
         positions = sum(s.prompt for s in batch)
         tl.step(iteration_seconds(positions=positions, attention=sum(s.prompt * (s.prompt + 1) // 2 for s in batch),
@@ -395,8 +405,8 @@ def run_fast(trace: list[Request], policy: str, deployment: Deployment, limit: i
     """``reference.run_reference`` on checked inputs (a list of ``Request`` in arrival order, a
     policy in ``POLICIES``, a ``Deployment``, the iteration limit), from running totals and stretches."""
     seqs = [_Seq(r) for r in trace]
-    if policy == "static":
-        tl = _serve_static(seqs, deployment, limit)
+    if policy in ("static", "static-checked"):
+        tl = _serve_static(seqs, deployment, limit, policy == "static-checked")
     else:
         tl = _Continuous(seqs, deployment, policy, limit).serve()
     return _records(seqs, tl.array())

@@ -1,13 +1,17 @@
 """The serving simulator of Lab 3, written plainly: one loop pass per iteration.
 
 This is the readable definition of what ``run_trace`` computes (``fast.py`` is the same
-simulation from running totals, tested against this one bit for bit). Four policies serve
+simulation from running totals, tested against this one bit for bit). Five policies serve
 one trace of requests on one ``Deployment``; every iteration's time is ``cost.iteration_time``
 of what it runs (``docs/scheduling.md`` gives the rules and their sources):
 
 - ``static``: when nothing runs, wait until 16 requests are queued or the oldest has
   waited 2 s; prefill the (up to) 16 prompts in one iteration, then decode all 16 slots
   until the longest output is done (finished slots keep decoding; no memory check).
+- ``static-checked``: static batching that checks memory before admitting (``step.static_batch``):
+  a batch takes queued requests head first while each one's prompt + 4,000 positions (the
+  most a slot can reach) fits in 0.99 of the KV budget, at most 16; it is dispatched when it
+  is full (16, or the next request would not fit) or the oldest has waited 2 s.
 - ``reserve``: continuous (iteration-level) batching as in Orca (OSDI'22): FIFO admission
   of up to 256 sequences, each charged prompt + 4,000 positions against 0.99 of the KV
   budget; whole prompts prefilled at once.
@@ -35,14 +39,16 @@ import numpy as np
 
 from .cost import PROFILES, Deployment, Profile, iteration_time
 from .step import (CHUNK_BUDGET, MAX_RUNNING, STATIC_BATCH, STATIC_WAIT, RequestTooLargeError, StepPlan, admit,
-                   admit_limit, as_plan, chunked_step, evictions, plan_chunks)
+                   admit_limit, as_plan, chunked_step, evictions, plan_chunks, static_batch)
 from .workload import MAX_OUTPUT, Request, RequestRecord
 
-__all__ = ["POLICIES", "run_reference", "run_with_step", "resolve_deployment", "check_policy", "check_trace",
-           "iteration_limit", "overrun"]
+__all__ = ["POLICIES", "SWEEP_POLICIES", "run_reference", "run_with_step", "resolve_deployment", "check_policy",
+           "check_trace", "iteration_limit", "overrun"]
 
-#: The policies, in the order the lab sweeps them.
-POLICIES: tuple[str, ...] = ("static", "reserve", "paged", "chunked")
+#: The policies: the four the lab sweeps, in that order, then static batching with a memory check.
+POLICIES: tuple[str, ...] = ("static", "reserve", "paged", "chunked", "static-checked")
+#: The four policies of the lab's sweep (section 5), in its order.
+SWEEP_POLICIES: tuple[str, ...] = POLICIES[:4]
 
 
 # -- inputs, shared with the fast simulator --------------------------------------------------------
@@ -148,18 +154,26 @@ def _arrive(pending: deque, queue: deque, now: float) -> None:
 
 
 # -- static batching -----------------------------------------------------------------------------
-def _serve_static(reqs: list[_Request], deployment: Deployment, clock: _Clock) -> None:
+def _serve_static(reqs: list[_Request], deployment: Deployment, clock: _Clock, check_memory: bool) -> None:
     pending, queue = deque(reqs), deque()
+    limit = admit_limit(deployment) if check_memory else None
     while pending or queue:
         _arrive(pending, queue, clock.now)
         if not queue:
             clock.now = pending[0].arrival
             continue
+        size = static_batch([r.prompt for r in queue], limit=limit)
         deadline = queue[0].arrival + STATIC_WAIT
-        if len(queue) < STATIC_BATCH and clock.now < deadline:
+        if size == len(queue) < STATIC_BATCH and clock.now < deadline:   # not full: wait for more
             clock.now = min(deadline, pending[0].arrival) if pending else deadline
             continue
-        batch = [queue.popleft() for _ in range(min(STATIC_BATCH, len(queue)))]
+        if size == 0:
+            r = queue[0]
+            raise RequestTooLargeError(
+                f"a request (arrival {r.arrival:.6g} s, prompt {r.prompt}) needs {r.prompt + MAX_OUTPUT} cached "
+                f"positions but static-checked admits at most {limit} (0.99 * kv_budget / kv_bytes_per_token): it "
+                "can never be served on this deployment")
+        batch = [queue.popleft() for _ in range(size)]
         end = clock.run(iteration_time([], [(r.prompt, 0) for r in batch], deployment))
         for r in batch:   # one iteration prefills every prompt; each emits its first token
             r.filled, r.generated = r.prompt, 1
@@ -273,8 +287,8 @@ def run_reference(requests: Sequence[Request], policy: str, deployment=None) -> 
     trace = check_trace(requests)
     reqs = [_Request(r) for r in trace]
     clock = _Clock(iteration_limit(trace), policy)
-    if policy == "static":
-        _serve_static(reqs, deployment, clock)
+    if policy in ("static", "static-checked"):
+        _serve_static(reqs, deployment, clock, policy == "static-checked")
     else:
         _serve_continuous(reqs, deployment, policy, clock)
     return [r.record() for r in reqs]

@@ -12,9 +12,12 @@ from typing import Sequence
 from .fast import run_fast
 from .metrics import metrics
 from .reference import check_policy, check_trace, iteration_limit, resolve_deployment
-from .workload import Request, RequestRecord, make_workload
+from .workload import Request, RequestRecord, make_bursty_workload, make_workload
 
-__all__ = ["run_trace", "simulate"]
+__all__ = ["run_trace", "simulate", "ARRIVALS"]
+
+#: The arrival processes ``simulate`` serves: name -> workload maker (rate, count) -> trace.
+ARRIVALS = {"poisson": make_workload, "on-off": make_bursty_workload}
 
 
 def run_trace(requests: Sequence[Request], policy: str, deployment=None) -> list[RequestRecord]:
@@ -42,19 +45,23 @@ def run_trace(requests: Sequence[Request], policy: str, deployment=None) -> list
     return run_fast(trace, policy, deployment, iteration_limit(trace))
 
 
-def simulate(rate: float, policy: str, deployment=None, count: int = 300) -> dict:
+def simulate(rate: float, policy: str, deployment=None, count: int = 300, *, arrivals: str = "poisson") -> dict:
     """Serve the lab's workload ``make_workload(rate, count)`` with ``policy`` and return its metrics.
 
     Args:
         rate: nominal arrival rate (requests/s, > 0). policy: one of ``POLICIES``.
         deployment: as in ``run_trace`` (None: the 24GB-bf16 profile's). count: requests (>= 1).
+        arrivals: "poisson" (``make_workload``) or "on-off" (``make_bursty_workload``: the same
+            requests arriving in bursts of the same mean rate, its default on/off parameters).
 
     Returns:
         ``metrics(run_trace(...))``: a dict with ttft50, ttft99, itl50, itl99, itlmax, tpot50,
         e2e50 (seconds), throughput (output tokens/s), goodput (requests/s meeting TTFT <= 3 s
         and every gap <= 100 ms), preemptions (int), realised (requests/s).
 
-    Raises: ValueError (unknown policy, bad rate or count), as ``run_trace`` otherwise.
+    Raises: ValueError (unknown policy or arrivals, bad rate or count), as ``run_trace`` otherwise.
     """
     policy = check_policy(policy)
-    return metrics(run_trace(make_workload(rate, count), policy, deployment))
+    if not isinstance(arrivals, str) or arrivals not in ARRIVALS:
+        raise ValueError(f"arrivals must be one of {', '.join(map(repr, ARRIVALS))}; got {arrivals!r}")
+    return metrics(run_trace(ARRIVALS[arrivals](rate, count), policy, deployment))

@@ -31,8 +31,9 @@ from typing import Sequence
 
 from ..validation import instance, integer
 from .cost import Deployment, max_tokens
+from .workload import MAX_OUTPUT
 
-__all__ = ["StepPlan", "as_plan", "chunked_step", "admit", "plan_chunks", "evictions", "admit_limit",
+__all__ = ["StepPlan", "as_plan", "chunked_step", "admit", "static_batch", "plan_chunks", "evictions", "admit_limit",
            "RequestTooLargeError", "CHUNK_BUDGET", "MAX_RUNNING", "ADMIT_FRACTION", "STATIC_BATCH",
            "STATIC_WAIT"]
 
@@ -135,6 +136,21 @@ def admit(used: int, required: Sequence[int], *, limit: int, room: int) -> int:
         used += required[admitted]
         admitted += 1
     return admitted
+
+
+def static_batch(prompts: Sequence[int], *, limit: int | None) -> int:
+    """How many queued requests a static batch takes, head first: at most ``STATIC_BATCH`` (16).
+
+    ``limit=None`` (the ``static`` policy): no memory check, min(16, queued). Otherwise
+    (``static-checked``) each request is charged prompt + ``MAX_OUTPUT`` positions, the most its
+    slot can reach (its output length is not known when it is admitted, and the batch decodes
+    until its longest output is done), and the batch takes requests while the total stays <=
+    ``limit`` (``admit_limit(deployment)``): ``admit(0, charges, limit=limit, room=16)``. May be
+    0 when the head alone does not fit. Args: prompts: prompt lengths, head first (positions).
+    """
+    if limit is None:
+        return min(STATIC_BATCH, len(prompts))
+    return admit(0, [p + MAX_OUTPUT for p in prompts[:STATIC_BATCH]], limit=limit, room=STATIC_BATCH)
 
 
 def plan_chunks(remaining: Sequence[int], budget: int | None) -> list[int]:
