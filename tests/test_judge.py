@@ -126,7 +126,7 @@ def test_readonly_array_in_a_record_stays_readonly():
 
 
 def test_aliasing_survives_and_state_objects_are_rebuilt():
-    pool = BlockPool(8, 4, 2, 3)
+    pool = BlockPool(8, 4, 2, 3, max_seq_len=20)
     cache = PagedKVCache(pool)
     seq = cache.new_sequence()
     cache.append(seq, torch.randn(6, 2, 3), torch.randn(6, 2, 3))
@@ -163,7 +163,7 @@ def _same_state(a, b) -> bool:
 def test_state_classes_declare_their_whole_state():
     """Every attribute of a state object crosses the channel: an attribute added to (or renamed in)
     the class but not to its WIRE_STATE would be missing or stale on the other side."""
-    pool = BlockPool(8, 4, 2, 3)
+    pool = BlockPool(8, 4, 2, 3, max_seq_len=20)
     cache = PagedKVCache(pool)
     seq = cache.new_sequence()
     cache.append(seq, torch.randn(6, 2, 3), torch.randn(6, 2, 3), token_ids=list(range(6)))

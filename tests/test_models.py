@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from course_lib.cache import KVCache
+from course_lib.validation import ContextLengthError
 from course_lib.models import (Decoder, ModelConfig, apply_rope, attend_with_cache, causal_attention,
                                generate_cached, generate_full_recompute, smollm2_135m_config, toy_config,
                                toy_decoder)
@@ -166,8 +167,10 @@ def test_forward_refuses_token_ids_outside_the_vocabulary(toy, bad_id):
 @pytest.mark.parametrize("positions", [torch.arange(-4, 0), torch.arange(522, 526),
                                        torch.arange(10 ** 9, 10 ** 9 + 4)])
 def test_forward_refuses_positions_outside_0_to_max_seq_len(toy, positions):
-    with pytest.raises(ValueError, match=r"positions must hold values in \[0, 511\].*max_seq_len is 512"):
+    with pytest.raises(ValueError, match=r"positions must hold values in \[0, 511\].*max_seq_len is 512") as info:
         toy(torch.zeros(1, 4, dtype=torch.long), positions)
+    # past the context the policy is to refuse: a ContextLengthError; a negative position is a plain ValueError
+    assert isinstance(info.value, ContextLengthError) == bool(positions[0] > 0)
 
 
 def test_forward_accepts_the_last_position_and_a_cache_of_exactly_max_seq_len(toy):
@@ -208,10 +211,13 @@ def test_generation_refuses_bad_max_new_tokens(toy, generate, bad, error):
 def test_generation_refuses_to_run_past_max_seq_len_before_computing(toy, generate):
     tokens, _ = generate(toy, torch.arange(500), 13)    # positions 0 .. 511: the last one fits
     assert tokens.shape == (13,)
-    with pytest.raises(ValueError, match=r"max_new_tokens must be an int in \[0, 13\]"):
+    with pytest.raises(ContextLengthError, match=r"max_new_tokens must be an int in \[0, 13\].*refuses"):
         generate(toy, torch.arange(500), 14)
-    with pytest.raises(ValueError, match="prompt must hold at most max_seq_len = 512"):
+    with pytest.raises(ContextLengthError, match="prompt must hold at most max_seq_len = 512"):
         generate(toy, torch.zeros(513, dtype=torch.long), 1)
+    with pytest.raises(ValueError, match=r"max_new_tokens must be an int in \[0, 13\]") as info:
+        generate(toy, torch.arange(500), -1)
+    assert not isinstance(info.value, ContextLengthError)             # a bad count, not a context limit
 
 
 @pytest.mark.parametrize("generate", [generate_cached, generate_full_recompute])
