@@ -138,6 +138,14 @@ def test_widget_scaling_controls_redraw_the_frequency_plot():
     assert panel.children[3].layout.width == f"{width}px"
 
 
+@pytest.mark.parametrize("n_pairs", [1, 16])
+def test_a_scaled_title_fits_inside_the_picture(n_pairs):
+    fig, _ = rope_explorer_figure(4096, n_pairs, 1e6, scaling="yarn", factor=16.0)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    extent = fig.texts[0].get_window_extent(renderer)
+    assert fig.bbox.x0 <= extent.x0 and extent.x1 <= fig.bbox.x1, fig.texts[0].get_text()
+
+
 @pytest.mark.parametrize("scaling", ["none", "linear", "ntk", "yarn"])
 def test_frequency_plot_draws_both_series(scaling):
     fig = rope_frequency_figure(rope_explorer_state(5, 8, scaling=scaling, factor=4.0))
