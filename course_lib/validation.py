@@ -38,7 +38,7 @@ from typing import Any, Iterable
 __all__ = [
     "ArgumentTypeError", "MAX_TOKEN_ID", "is_integer", "integer", "positive_integer", "nonnegative_integer",
     "power_of_two", "number", "positive_number", "nonnegative_number", "boolean", "instance", "one_of",
-    "token_ids", "integer_tensor", "materialized", "memory_bytes", "fits_memory",
+    "token_ids", "integer_tensor", "materialized", "memory_bytes", "fits_memory", "ContextLengthError",
 ]
 
 #: Largest token id any check accepts when no vocabulary size is given (ids are stored as int64).
@@ -48,6 +48,14 @@ MAX_TOKEN_ID: int = 2 ** 63 - 1
 class ArgumentTypeError(TypeError, ValueError):
     """A value of the wrong kind (Python type or tensor dtype). A TypeError, and also a
     ValueError so that ``except ValueError`` written for older course_lib versions still works."""
+
+
+class ContextLengthError(ValueError):
+    """A request past a context limit: a position at or beyond a model's ``max_seq_len``, a generation
+    that would reach one, or an append that would grow a cached sequence past the limit its cache
+    was given. The course's policy past the context is to refuse, before anything is computed or
+    written; nothing slides out of the window (docs/kv_cache.md#past-the-context). A ValueError, so
+    ``except ValueError`` catches it."""
 
 
 # -- messages ------------------------------------------------------------------------------

@@ -285,3 +285,38 @@ def test_tied_embedding_grad_names_overwritten_repeats_and_a_transposed_head():
                                         seed=1)
     with pytest.raises(ContractError, match=r"output must have shape \(\d+, \d+\)"):
         lab02.check_tied_embedding_grad(lambda *a: ref.tied_embedding_grad(*a).T.contiguous(), seed=0)
+
+
+# -- the paged cache past its context (exercise 11) -------------------------------------------------
+def test_paged_context_policy_accepts_the_boundary_and_names_a_cache_that_grows():
+    """The solution passes every seed's context case (the last append ends exactly on max_seq_len);
+    an append that never refuses is named ('grew past its context'); one that refuses only after
+    writing, or that refuses the append ending on the boundary, is told so."""
+    for seed in range(6):
+        lab02.check_paged(ref.paged_append, ref.paged_read, seed=seed, cases=1)
+
+    def no_policy(pool, seq, k, v):
+        saved, pool.max_seq_len = pool.max_seq_len, None
+        try:
+            ref.paged_append(pool, seq, k, v)
+        finally:
+            pool.max_seq_len = saved
+
+    with pytest.raises(ContractError, match="the cache grew past its context"):
+        lab02.check_paged(no_policy, ref.paged_read, seed=0)
+
+    def refuses_late(pool, seq, k, v):
+        no_policy(pool, seq, k, v)
+        if pool.max_seq_len is not None and seq.length > pool.max_seq_len:
+            raise ValueError("too long")
+
+    with pytest.raises(ContractError, match="changed the sequence or the pool first"):
+        lab02.check_paged(refuses_late, ref.paged_read, seed=0)
+
+    def off_by_one(pool, seq, k, v):
+        if pool.max_seq_len is not None and seq.length + k.shape[0] >= pool.max_seq_len:
+            raise ValueError("full")
+        no_policy(pool, seq, k, v)
+
+    with pytest.raises(ContractError, match="fits, but paged_append raised ValueError"):
+        lab02.check_paged(off_by_one, ref.paged_read, seed=0)

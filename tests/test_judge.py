@@ -126,7 +126,7 @@ def test_readonly_array_in_a_record_stays_readonly():
 
 
 def test_aliasing_survives_and_state_objects_are_rebuilt():
-    pool = BlockPool(8, 4, 2, 3)
+    pool = BlockPool(8, 4, 2, 3, max_seq_len=20)
     cache = PagedKVCache(pool)
     seq = cache.new_sequence()
     cache.append(seq, torch.randn(6, 2, 3), torch.randn(6, 2, 3))
@@ -163,7 +163,7 @@ def _same_state(a, b) -> bool:
 def test_state_classes_declare_their_whole_state():
     """Every attribute of a state object crosses the channel: an attribute added to (or renamed in)
     the class but not to its WIRE_STATE would be missing or stale on the other side."""
-    pool = BlockPool(8, 4, 2, 3)
+    pool = BlockPool(8, 4, 2, 3, max_seq_len=20)
     cache = PagedKVCache(pool)
     seq = cache.new_sequence()
     cache.append(seq, torch.randn(6, 2, 3), torch.randn(6, 2, 3), token_ids=list(range(6)))
@@ -657,8 +657,10 @@ def attend_zeroes_its_query(q, k_new, v_new, k_cache, v_cache, start):
     q.zero_()                     # right output and cache, but the caller's query is gone
     return out
 
-def _append(pool, seq, k, v, cow=True):
+def _append(pool, seq, k, v, cow=True, refuse=True):
     bs, n, w = pool.block_size, k.shape[0], 0
+    if refuse and pool.max_seq_len is not None and seq.length + n > pool.max_seq_len:
+        raise ValueError("past max_seq_len")
     while w < n:
         off = seq.length % bs
         if off == 0:
@@ -678,6 +680,9 @@ def paged_append(pool, seq, k, v):
 
 def paged_append_no_cow(pool, seq, k, v):
     _append(pool, seq, k, v, cow=False)
+
+def paged_append_grows(pool, seq, k, v):
+    _append(pool, seq, k, v, refuse=False)
 
 def paged_read(pool, seq):
     ids = torch.tensor(seq.block_table, dtype=torch.long)
@@ -871,6 +876,8 @@ def test_paged_append_and_read(learner):
     assert verdict["status"] == "passed", verdict
     verdict = learner.judge(source.format(fn="paged_append_no_cow"))
     assert verdict["status"] == "failed" and "copy-on-write" in verdict["message"]
+    verdict = learner.judge(source.format(fn="paged_append_grows"))     # the refusal crosses the judge as a ValueError
+    assert verdict["status"] == "failed" and "the cache grew past its context" in verdict["message"], verdict
 
 
 @pytest.mark.slow

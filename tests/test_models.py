@@ -1,8 +1,10 @@
+import math
 """Toy decoder, RoPE, cached attention and the contiguous KV cache (course Lab 2)."""
 import pytest
 import torch
 
 from course_lib.cache import KVCache
+from course_lib.validation import ContextLengthError
 from course_lib.models import (Decoder, ModelConfig, apply_rope, attend_with_cache, causal_attention,
                                generate_cached, generate_full_recompute, smollm2_135m_config, toy_config,
                                toy_decoder)
@@ -165,8 +167,10 @@ def test_forward_refuses_token_ids_outside_the_vocabulary(toy, bad_id):
 @pytest.mark.parametrize("positions", [torch.arange(-4, 0), torch.arange(522, 526),
                                        torch.arange(10 ** 9, 10 ** 9 + 4)])
 def test_forward_refuses_positions_outside_0_to_max_seq_len(toy, positions):
-    with pytest.raises(ValueError, match=r"positions must hold values in \[0, 511\].*max_seq_len is 512"):
+    with pytest.raises(ValueError, match=r"positions must hold values in \[0, 511\].*max_seq_len is 512") as info:
         toy(torch.zeros(1, 4, dtype=torch.long), positions)
+    # past the context the policy is to refuse: a ContextLengthError; a negative position is a plain ValueError
+    assert isinstance(info.value, ContextLengthError) == bool(positions[0] > 0)
 
 
 def test_forward_accepts_the_last_position_and_a_cache_of_exactly_max_seq_len(toy):
@@ -207,10 +211,13 @@ def test_generation_refuses_bad_max_new_tokens(toy, generate, bad, error):
 def test_generation_refuses_to_run_past_max_seq_len_before_computing(toy, generate):
     tokens, _ = generate(toy, torch.arange(500), 13)    # positions 0 .. 511: the last one fits
     assert tokens.shape == (13,)
-    with pytest.raises(ValueError, match=r"max_new_tokens must be an int in \[0, 13\]"):
+    with pytest.raises(ContextLengthError, match=r"max_new_tokens must be an int in \[0, 13\].*refuses"):
         generate(toy, torch.arange(500), 14)
-    with pytest.raises(ValueError, match="prompt must hold at most max_seq_len = 512"):
+    with pytest.raises(ContextLengthError, match="prompt must hold at most max_seq_len = 512"):
         generate(toy, torch.zeros(513, dtype=torch.long), 1)
+    with pytest.raises(ValueError, match=r"max_new_tokens must be an int in \[0, 13\]") as info:
+        generate(toy, torch.arange(500), -1)
+    assert not isinstance(info.value, ContextLengthError)             # a bad count, not a context limit
 
 
 @pytest.mark.parametrize("generate", [generate_cached, generate_full_recompute])
@@ -538,6 +545,76 @@ def test_linear_rope_scaling_matches_transformers():
     assert config.rope_scaling == RopeScaling("linear", 4.0)
     want, _ = ROPE_INIT_FUNCTIONS["linear"](hf)
     torch.testing.assert_close(rope_frequencies(64, 10000.0, config.rope_scaling), want, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("head_dim, theta, factor", [(64, 10000.0, 4.0), (16, 500.0, 8.0), (128, 500000.0, 2.0)])
+def test_ntk_frequencies_match_transformers_dynamic_ntk(head_dim, theta, factor):
+    """transformers' dynamic NTK changes the base to theta * (f L / C - (f - 1)) ** (d / (d - 2)) for a
+    sequence of L > C positions (config factor f). With f = 2 and L = C (factor + 1) / 2 the bracket
+    is ``factor``: the static NTK-aware base change of bloc97's post."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from course_lib.models.rope import ntk_frequencies
+
+    C = 1024
+    hf = LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim, max_position_embeddings=C,
+                     rope_theta=theta, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    want, attention_factor = ROPE_INIT_FUNCTIONS["dynamic"](hf, seq_len=int(C * (factor + 1) / 2))
+    assert attention_factor == 1.0
+    got = ntk_frequencies(head_dim, theta, factor)
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=0)
+    plain = rope_frequencies(head_dim, theta)
+    # by hand: pair 0 kept, the slowest pair divided by exactly the factor
+    assert got[0] == 1.0 and float(plain[-1] / got[-1]) == pytest.approx(factor, rel=1e-5)
+
+
+@pytest.mark.parametrize("head_dim, theta, factor, context", [(64, 10000.0, 4.0, 2048), (16, 10000.0, 8.0, 512),
+                                                              (128, 500000.0, 16.0, 4096), (8, 100.0, 2.0, 64)])
+def test_yarn_frequencies_match_transformers(head_dim, theta, factor, context):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from course_lib.models.rope import yarn_attention_factor, yarn_frequencies
+
+    hf = LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim,
+                     max_position_embeddings=int(context * factor), rope_theta=theta,
+                     rope_scaling={"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": context})
+    want, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](hf)
+    got = yarn_frequencies(head_dim, theta, factor, context)
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=0)
+    assert yarn_attention_factor(factor) == pytest.approx(attention_factor, rel=1e-12)
+
+
+def test_yarn_bands_by_hand():
+    """head_dim 16, theta 1e4, C 2048: pair i turns 2048 / (2 pi 1e4 ** (i / 8)) times over C, i.e.
+    326, 103, 32.6, 10.3, 3.26, 1.03, 0.33, 0.10. Band edges: floor(16 ln(2048 / (2 pi 32)) / (2 ln 1e4))
+    = floor(2.02) = 2 and ceil(16 ln(2048 / (2 pi)) / (2 ln 1e4)) = ceil(5.03) = 6: pairs 0 to 2 (more than
+    32 turns) kept, 6 and 7 divided by the factor, pair i between blended with weight (i - 2) / 4 on
+    omega / factor."""
+    from course_lib.models.rope import yarn_attention_factor, yarn_frequencies
+
+    plain = rope_frequencies(16, 10000.0)
+    got = yarn_frequencies(16, 10000.0, 4.0, 2048)
+    torch.testing.assert_close(got[:3], plain[:3], rtol=0, atol=0)
+    torch.testing.assert_close(got[6:], plain[6:] / 4, rtol=1e-6, atol=0)
+    for i in range(3, 6):
+        w = (i - 2) / 4
+        assert float(got[i]) == pytest.approx(float(plain[i]) * ((1 - w) + w / 4), rel=1e-6)
+    assert yarn_attention_factor(4.0) == pytest.approx(1 + 0.1 * math.log(4.0))
+    assert yarn_attention_factor(1.0) == 1.0
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda f: f["ntk"](15, 10000.0, 2.0), "head_dim"),
+    (lambda f: f["ntk"](16, 10000.0, 0.0), "factor"),
+    (lambda f: f["yarn"](16, 1.0, 2.0, 512), "theta must be > 1"),
+    (lambda f: f["yarn"](16, 10000.0, 2.0, 0), "original_max_position_embeddings"),
+    (lambda f: f["yarn"](16, 10000.0, 2.0, 512, beta_fast=1.0, beta_slow=32.0), "beta_slow"),
+])
+def test_ntk_and_yarn_refuse_bad_arguments(call, match):
+    from course_lib.models.rope import ntk_frequencies, yarn_frequencies
+
+    with pytest.raises(ValueError, match=match):
+        call({"ntk": ntk_frequencies, "yarn": yarn_frequencies})
 
 
 @pytest.mark.parametrize("scaling", [

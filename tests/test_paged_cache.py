@@ -379,6 +379,33 @@ def test_append_exhaustion_leaves_everything_unchanged():
     check_invariants(cache, [a, b])
 
 
+def test_append_past_the_pools_max_seq_len_is_refused_and_changes_nothing():
+    """The policy past the context: refuse (ContextLengthError, a ValueError) before writing; an append
+    that ends exactly at max_seq_len fits. A pool without max_seq_len sets no limit of its own."""
+    from course_lib.validation import ContextLengthError
+
+    pool = BlockPool(8, 4, 2, 3, max_seq_len=10)
+    cache = PagedKVCache(pool)
+    a = cache.new_sequence()
+    k, v = rand_kv(9)
+    cache.append(a, k, v)
+    state = (list(pool.ref_counts), list(pool.free_block_ids), pool.k.clone(), list(a.block_table), a.length)
+    with pytest.raises(ContextLengthError, match=r"from 9 to 11 positions, past the pool's max_seq_len 10"):
+        cache.append(a, *rand_kv(2))
+    assert (list(pool.ref_counts), list(pool.free_block_ids), list(a.block_table), a.length) == \
+        (state[0], state[1], state[3], state[4]) and torch.equal(pool.k, state[2])
+    cache.append(a, *rand_kv(1))                                  # position 9, the last one, fits
+    assert a.length == 10
+    with pytest.raises(ValueError, match="max_seq_len"):
+        cache.append(a, *rand_kv(1))
+    unbounded = PagedKVCache(BlockPool(8, 4, 2, 3))
+    b = unbounded.new_sequence()
+    unbounded.append(b, *rand_kv(30))
+    assert b.length == 30 and unbounded.pool.max_seq_len is None
+    with pytest.raises(ValueError, match="BlockPool max_seq_len"):
+        BlockPool(8, 4, 2, 3, max_seq_len=0)
+
+
 # -- prefix hashing --------------------------------------------------------------------
 def test_prefix_hashing_reuses_full_blocks_of_identical_prefix():
     pool, cache = make(num_blocks=16, block_size=4)

@@ -9,7 +9,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection
 
 from course_lib.widgets import (quant_explorer, quant_explorer_figure, quant_numbers, rope_explorer,
-                                rope_explorer_figure, rope_explorer_state)
+                                rope_explorer_figure, rope_explorer_state, rope_frequency_figure, scaled_frequencies)
 
 matplotlib.use("Agg")
 
@@ -90,6 +90,69 @@ def test_every_title_fits_inside_the_picture(n_pairs, position, base):
         extent = text.get_window_extent(renderer)
         assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and box.y0 <= extent.y0 and extent.y1 <= box.y1, (
             f"{text.get_text()!r} is cut: {extent} outside the figure {box}")
+
+
+@pytest.mark.parametrize("factor", [2.0, 8.0])
+def test_scalings_keep_or_stretch_the_pairs_they_should(factor):
+    """8 pairs, base 1e4, pre-training context 2,048 (pair i turns 326, 103, 32.6, 10.3, 3.3, 1.0, 0.33,
+    0.10 times over it). Position interpolation slows every pair by the factor; NTK keeps pair 0 and
+    slows the last by the factor; YaRN keeps the pairs with more than 32 turns (0 to 2) and slows the
+    two with under one turn (6, 7) by the factor."""
+    plain = scaled_frequencies(8, 10000.0)
+    expected = torch.tensor([10000.0 ** (-i / 8) for i in range(8)])
+    torch.testing.assert_close(plain, expected, rtol=1e-6, atol=0)
+    ratio = {kind: plain / scaled_frequencies(8, 10000.0, kind, factor) for kind in ("linear", "ntk", "yarn")}
+    torch.testing.assert_close(ratio["linear"], torch.full((8,), factor), rtol=1e-6, atol=0)
+    assert float(ratio["ntk"][0]) == 1.0 and float(ratio["ntk"][-1]) == pytest.approx(factor, rel=1e-5)
+    assert ratio["ntk"].diff().gt(0).all()                        # slower and slower towards the last pair
+    torch.testing.assert_close(ratio["yarn"][:3], torch.ones(3), rtol=0, atol=0)
+    torch.testing.assert_close(ratio["yarn"][6:], torch.full((2,), factor), rtol=1e-6, atol=0)
+    assert ((ratio["yarn"][3:6] > 1) & (ratio["yarn"][3:6] < factor)).all()
+
+
+def test_state_rotates_by_the_scaled_frequencies():
+    s = rope_explorer_state(position=1000, n_pairs=4, base=100.0, scaling="linear", factor=4.0)
+    torch.testing.assert_close(s["omega"], s["omega_unscaled"] / 4, rtol=1e-6, atol=0)
+    torch.testing.assert_close(s["angles"], 1000 * s["omega"])
+    assert s["norm_after"] == pytest.approx(s["norm_before"], rel=1e-6) and s["attention_factor"] == 1.0
+    y = rope_explorer_state(position=10, n_pairs=4, scaling="yarn", factor=math.e)
+    assert y["attention_factor"] == pytest.approx(1.1)             # 0.1 ln(e) + 1
+    with pytest.raises(ValueError, match="scaling must be one of"):
+        rope_explorer_state(position=1, n_pairs=2, scaling="dynamic")
+    with pytest.raises(ValueError, match="factor must be >= 1"):
+        rope_explorer_state(position=1, n_pairs=2, scaling="ntk", factor=0.5)
+
+
+def test_widget_scaling_controls_redraw_the_frequency_plot():
+    panel = rope_explorer(position=300, n_pairs=8)
+    position, pairs, base = panel.children[0].children
+    scaling, factor = panel.children[2].children
+    assert (scaling.value, factor.value) == ("none", 4.0)
+    before, plot = panel.children[1].value, panel.children[3].value
+    scaling.value = "yarn"
+    state = panel.update()
+    assert state["scaling"] == "yarn" and panel.children[3].value != plot and panel.children[1].value != before
+    factor.value = 8.0
+    assert panel.update()["factor"] == 8.0
+    width, _ = _png_width_height(panel.children[3].value)
+    assert panel.children[3].layout.width == f"{width}px"
+
+
+@pytest.mark.parametrize("n_pairs", [1, 16])
+def test_a_scaled_title_fits_inside_the_picture(n_pairs):
+    fig, _ = rope_explorer_figure(4096, n_pairs, 1e6, scaling="yarn", factor=16.0)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    extent = fig.texts[0].get_window_extent(renderer)
+    assert fig.bbox.x0 <= extent.x0 and extent.x1 <= fig.bbox.x1, fig.texts[0].get_text()
+
+
+@pytest.mark.parametrize("scaling", ["none", "linear", "ntk", "yarn"])
+def test_frequency_plot_draws_both_series(scaling):
+    fig = rope_frequency_figure(rope_explorer_state(5, 8, scaling=scaling, factor=4.0))
+    ax = fig.axes[0]
+    markers = [line for line in ax.get_lines() if line.get_marker() in ("o", "x")]
+    assert len(markers) == 2 and all(len(line.get_xdata()) == 8 for line in markers)
+    assert len(ax.get_lines()) == (3 if scaling == "none" else 4)   # plus one or two reference lines
 
 
 # -- quantisation explorer (Lab 4) ---------------------------------------------------------

@@ -39,8 +39,8 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from ..validation import (ArgumentTypeError, boolean, fits_memory, instance, integer, is_integer, nonnegative_integer,
-                          positive_integer, token_ids as _check_token_ids)
+from ..validation import (ArgumentTypeError, ContextLengthError, boolean, fits_memory, instance, integer, is_integer,
+                          nonnegative_integer, positive_integer, token_ids as _check_token_ids)
 
 __all__ = [
     "BlockAllocator",
@@ -286,9 +286,13 @@ class BlockPool(BlockAllocator):
         n_kv_heads, head_dim: sizes of one position's K (and V) (positive ints).
         dtype: storage dtype (float32 by default).
         device: storage device ("cpu" by default).
+        max_seq_len: the longest sequence the pool may hold, in positions (the model's
+            ``max_seq_len``), a positive int; None (the default) sets no limit of the pool's own.
+            An append past it is refused (``ContextLengthError``), never slid.
 
     Attributes:
         k, v: (num_blocks, block_size, n_kv_heads, head_dim) storage tensors.
+        max_seq_len: as the argument.
         free_block_ids, ref_counts, hash_to_block_id, block_hashes, block_token_ids: the
             allocator's (see ``BlockAllocator``).
 
@@ -299,14 +303,17 @@ class BlockPool(BlockAllocator):
     #: grading judge's plain-data channel (course_grader.remote) when a checker passes a pool to a
     #: learner's function. A new attribute must be listed here (tests/test_judge.py checks).
     WIRE_STATE = ("num_blocks", "block_size", "k", "v", "free_block_ids", "ref_counts", "hash_to_block_id",
-                  "block_hashes", "block_token_ids")
+                  "block_hashes", "block_token_ids", "max_seq_len")
 
     def __init__(self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 max_seq_len: int | None = None) -> None:
         num_blocks = positive_integer("BlockPool num_blocks", num_blocks)
         block_size = positive_integer("BlockPool block_size", block_size)
         n_kv_heads = positive_integer("BlockPool n_kv_heads", n_kv_heads)
         head_dim = positive_integer("BlockPool head_dim", head_dim)
+        if max_seq_len is not None:
+            max_seq_len = positive_integer("BlockPool max_seq_len", max_seq_len)
         instance("BlockPool dtype", dtype, torch.dtype)
         if not dtype.is_floating_point:
             raise ArgumentTypeError(f"BlockPool dtype must be a floating torch dtype, got {dtype}")
@@ -316,6 +323,7 @@ class BlockPool(BlockAllocator):
         super().__init__(num_blocks, block_size)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_seq_len = max_seq_len
 
     @property
     def n_kv_heads(self) -> int:
@@ -384,7 +392,8 @@ class PagedKVCache:
     value (a ``seq`` whose table is inconsistent, repeats a block or holds freed blocks,
     tensors of the wrong shape, positions or counts out of range, negative token ids);
     ``BlockPoolExhaustedError`` when an ``append`` needs more free blocks than the pool has,
-    raised before anything is written or allocated.
+    and ``ContextLengthError`` (a ValueError) when it would take a sequence past the pool's
+    ``max_seq_len``, each raised before anything is written or allocated.
     """
 
     WIRE_STATE = ("pool",)  # what crosses the grading judge's channel (see BlockPool.WIRE_STATE)
@@ -493,6 +502,8 @@ class PagedKVCache:
             ValueError: shapes differ from (T, n_kv_heads, head_dim), a negative token id,
                 ``len(token_ids) != T``, or token ids given for a sequence whose earlier
                 tokens are unknown.
+            ContextLengthError: seq.length + T > pool.max_seq_len (the policy past the context:
+                refuse, never slide); nothing was changed.
             BlockPoolExhaustedError: not enough free blocks; nothing was changed.
         """
         self._check_seq(seq)
@@ -504,6 +515,10 @@ class PagedKVCache:
         if v.shape != k.shape:
             raise ValueError(f"v must have the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
         n_new = k.shape[0]
+        if pool.max_seq_len is not None and seq.length + n_new > pool.max_seq_len:
+            raise ContextLengthError(f"append of {n_new} positions would take the sequence from {seq.length} to "
+                                     f"{seq.length + n_new} positions, past the pool's max_seq_len {pool.max_seq_len}: "
+                                     "refused (no sliding window); nothing was written")
         tokens = None
         if token_ids is not None:
             tokens = _check_token_ids("token_ids", token_ids)

@@ -840,12 +840,53 @@ def check_suffix_scores(fn: Callable, seed: int = 0, model: Decoder | None = Non
 
 
 # -- paged KV cache ---------------------------------------------------------------------------
+def _check_paged_context(append_fn: Callable, rng: random.Random, gen: torch.Generator) -> None:
+    """A sequence filled to exactly its pool's max_seq_len (the last append ends on it and must be accepted),
+    then asked for more: append_fn must raise ValueError and change neither the sequence nor the pool (the
+    reference ``PagedKVCache.append`` raises ContextLengthError, a ValueError, before writing)."""
+    from ..cache.paged import PagedSequence
+
+    bs, n_kv, D = rng.choice([4, 5]), rng.choice([1, 2]), 4
+    limit = bs * rng.randint(1, 3) + rng.randint(1, bs - 1)      # ends inside a block
+    first, more = rng.randint(1, limit - 1), rng.randint(1, bs + 1)
+    kv = lambda n: (torch.randn(n, n_kv, D, generator=gen), torch.randn(n, n_kv, D, generator=gen))  # noqa: E731
+    (k1, v1), (k2, v2), (k3, v3) = kv(first), kv(limit - first), kv(more)
+    pool = BlockPool(16, bs, n_kv, D, max_seq_len=limit)
+    seq = PagedSequence()
+    label = f"context case: pool.max_seq_len {limit}, block_size {bs}"
+    append_fn(pool, seq, k1.clone(), v1.clone())
+    try:
+        append_fn(pool, seq, k2.clone(), v2.clone())
+    except ValueError as err:
+        raise ContractError(f"{label}: an append from {first} to exactly {limit} positions fits, but paged_append "
+                            f"raised ValueError: {err}") from None
+    if seq.length != limit:
+        raise ContractError(f"{label}: after appends of {first} and {limit - first} positions seq.length should be "
+                            f"{limit}, got {seq.length!r}")
+    before = (list(seq.block_table), seq.length, list(pool.ref_counts), list(pool.free_block_ids),
+              pool.k.clone(), pool.v.clone())
+    what = f"{label}: paged_append of {more} more positions to a sequence of {limit}"
+    try:
+        append_fn(pool, seq, k3.clone(), v3.clone())
+    except ValueError:
+        after = (list(seq.block_table), seq.length, list(pool.ref_counts), list(pool.free_block_ids))
+        if after != tuple(before[:4]) or not (torch.equal(pool.k, before[4]) and torch.equal(pool.v, before[5])):
+            raise ContractError(f"{what} raised ValueError but changed the sequence or the pool first (check "
+                                "the length before allocating or writing anything)") from None
+        return
+    raise ContractError(f"{what} returned, and the cache grew past its context: seq.length is now {seq.length!r}, "
+                        f"past max_seq_len {limit}. Past the context the policy is to refuse: raise ValueError "
+                        "before writing anything (the model has no position to give the new tokens)")
+
+
 def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: int = 2) -> None:
     """Contract: append_fn(pool, seq, k, v) / read_fn(pool, seq) behave like the reference
     ``PagedKVCache`` on a fork scenario: reads equal the appended K/V exactly (logical order);
     after a fork the full prefix blocks stay shared (same physical ids), the shared partially
     filled block is copied on write by whichever sequence appends first, the other sequence's
-    data never changes, and the pool ends with the reference's ref counts and free blocks."""
+    data never changes, and the pool ends with the reference's ref counts and free blocks.
+    Past the context (an append that would take seq.length past pool.max_seq_len) append_fn
+    raises ValueError and changes nothing; an append that ends exactly on it fits."""
     check_own_function("paged_append", append_fn)
     check_own_function("paged_read", read_fn)
     from ..cache.paged import BlockPool, PagedKVCache, PagedSequence
@@ -871,12 +912,12 @@ def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: in
             append(pool, b, tail_b[0].clone(), tail_b[1].clone())
             return a, b, a_table_before
 
-        ref_pool = BlockPool(64, bs, n_kv, D)
+        ref_pool = BlockPool(64, bs, n_kv, D, max_seq_len=64 * bs)
         ref_cache = PagedKVCache(ref_pool)
         ref_a, _, _ = replay(ref_pool, lambda p, s, k, v: ref_cache.append(s, k, v), ref_cache.fork)
         ref_cache.append(ref_a, *tail_a)
 
-        pool = BlockPool(64, bs, n_kv, D)
+        pool = BlockPool(64, bs, n_kv, D, max_seq_len=64 * bs)
         helper = PagedKVCache(pool)
         a, b, a_table = replay(pool, append_fn, helper.fork)
 
@@ -919,6 +960,7 @@ def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: in
                                 f"ref counts {sorted(c for c in pool.ref_counts if c)}; the reference uses "
                                 f"{ref_pool.num_blocks - ref_pool.num_free} with {sorted(c for c in ref_pool.ref_counts if c)}"
                                 " (a leaked block, a missing decref, or a needless copy)")
+    _check_paged_context(append_fn, rng, gen)
 
 
 # -- exercise 12: the online softmax -----------------------------------------------------------
@@ -1380,6 +1422,13 @@ FAULTS = (
                 "            seq.block_table[-1] = new\n", ""),),
           {"test_paged": "copy-on-write"},
           "writes into a block another sequence shares instead of copying it first"),
+    Fault("cache_grows_past_context",
+          (Edit("paged",
+                "    if pool.max_seq_len is not None and seq.length + k.shape[0] > pool.max_seq_len:\n"
+                "        raise ValueError(f\"append of {k.shape[0]} positions would take the sequence past \"\n"
+                "                         f\"max_seq_len {pool.max_seq_len}: refused, nothing written\")\n", ""),),
+          {"test_paged": "the cache grew past its context"},
+          "appends past the pool's max_seq_len: the cache grows with no policy past the context"),
     Fault("online_sum_not_rescaled",
           (Edit("online_softmax_update", "correction * l + p.sum()", "l + p.sum()"),),
           {"test_online_softmax": "running sum not rescaled"},

@@ -12,6 +12,12 @@ Inputs are checked once, on entry to ``Decoder.forward`` and the generation func
 ids and positions with one min/max reduction each, the cache by its sizes and dtype); the
 blocks then compute without checks. Errors: ``course_lib.validation.ArgumentTypeError`` (a
 TypeError, also a ValueError) for a wrong type or dtype, ``ValueError`` for a wrong value.
+
+Past the context: a position at or beyond ``config.max_seq_len``, a prompt longer than it, or a
+generation that would feed such a position is refused with ``ContextLengthError`` (a ValueError)
+before any forward runs. The decoder does not slide a window (dropping the oldest keys would change
+what every later token attends to, and positions past max_seq_len were never trained); a caller that
+wants to go on must start again from a shorter context (docs/kv_cache.md#past-the-context).
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ import torch
 from torch import nn
 
 from ..cache.contiguous import KVCache
-from ..validation import ArgumentTypeError, boolean, instance, integer, integer_tensor, materialized
+from ..validation import ArgumentTypeError, ContextLengthError, boolean, instance, integer, integer_tensor, materialized
 from . import ops
 from .config import ModelConfig, toy_config
 from .rope import rotate_pairs
@@ -216,16 +222,25 @@ def check_ids_and_positions(input_ids, positions, *, vocab_size: int, max_seq_le
     input_ids (B, T) int64 in 0 .. vocab_size - 1 with B, T >= 1; positions (T,) or (B, T) int64 in
     0 .. max_seq_len - 1. Returns (B, T).
 
-    Raises: ArgumentTypeError for a wrong type or dtype; ValueError for a wrong rank, an empty input,
-    a value out of range, or positions of another length or batch."""
+    Raises: ArgumentTypeError for a wrong type or dtype; ContextLengthError (a ValueError) for a
+    position >= max_seq_len (the refuse policy of the module docstring); ValueError for a wrong rank,
+    an empty input, another value out of range, or positions of another length or batch."""
     integer_tensor("input_ids", input_ids, ranks=(2,), layout="(B, T)", dtype=torch.int64,
                    minimum=0, maximum=vocab_size - 1, note=f"token ids; vocab_size {vocab_size}")
     B, T = input_ids.shape
     if B == 0 or T == 0:
         raise ValueError(f"input_ids must hold at least one token per sequence (B, T >= 1), "
                          f"got shape {tuple(input_ids.shape)}")
-    integer_tensor("positions", positions, ranks=(1, 2), layout="(T,) or (B, T)", dtype=torch.int64,
-                   minimum=0, maximum=max_seq_len - 1, note=f"the model's max_seq_len is {max_seq_len}")
+    try:
+        integer_tensor("positions", positions, ranks=(1, 2), layout="(T,) or (B, T)", dtype=torch.int64,
+                       minimum=0, maximum=max_seq_len - 1,
+                       note=f"the model's max_seq_len is {max_seq_len}; past it the decoder refuses (no sliding window)")
+    except ArgumentTypeError:
+        raise
+    except ValueError as err:
+        if positions.numel() and int(positions.max()) >= max_seq_len:
+            raise ContextLengthError(str(err)) from None
+        raise
     if positions.shape[-1] != T:
         raise ValueError(f"positions has {positions.shape[-1]} entries for T={T} tokens")
     if positions.dim() == 2 and positions.shape[0] != B:
@@ -370,7 +385,8 @@ class Decoder(nn.Module):
                 attention_mask neither bool nor int64.
             ValueError: a mask of another shape or not left-padded; an attention_fn together
                 with batch_invariant mode; wrong ranks or an empty input; a token id outside the vocabulary; a
-                position outside 0 .. max_seq_len - 1; positions of another length or batch;
+                negative position (one >= max_seq_len raises ContextLengthError, a ValueError: refused,
+                never slid); positions of another length or batch;
                 inputs on another device than the model; a model whose weights are on the meta
                 device; a tensor argument on the meta device; a cache of another shape, batch or
                 device, or one without room for T more slots ("KV cache overflow").
@@ -479,11 +495,24 @@ def generation_inputs(model: Decoder, prompt: torch.Tensor, max_new_tokens: int)
     if T0 == 0:
         raise ValueError("prompt must hold at least one token (T0 >= 1), got an empty prompt")
     if T0 > c.max_seq_len:
-        raise ValueError(f"prompt must hold at most max_seq_len = {c.max_seq_len} tokens, got {T0}")
+        raise ContextLengthError(f"prompt must hold at most max_seq_len = {c.max_seq_len} tokens, got {T0}")
     # Step i feeds positions up to T0 + i - 1; the last emitted token is never fed.
-    n = integer("max_new_tokens", max_new_tokens, minimum=0, maximum=c.max_seq_len - T0 + 1,
-                note=f"a prompt of {T0} tokens leaves positions for this many; max_seq_len {c.max_seq_len}")
+    n = _new_tokens(max_new_tokens, 0, T0, c.max_seq_len, f"a prompt of {T0} tokens leaves positions for this many")
     return prompt.reshape(1, -1), n
+
+
+def _new_tokens(max_new_tokens, minimum: int, T0: int, max_seq_len: int, what: str) -> int:
+    """``max_new_tokens`` checked as an int in [minimum, max_seq_len - T0 + 1]; a count past the last
+    position raises ContextLengthError (the decoder refuses, it does not slide)."""
+    try:
+        return integer("max_new_tokens", max_new_tokens, minimum=minimum, maximum=max_seq_len - T0 + 1,
+                       note=f"{what}; max_seq_len {max_seq_len}, past which the decoder refuses")
+    except ArgumentTypeError:
+        raise
+    except ValueError as err:
+        if max_new_tokens > max_seq_len - T0 + 1:
+            raise ContextLengthError(str(err)) from None
+        raise
 
 
 def _no_tokens(model: Decoder, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -509,9 +538,10 @@ def generate_full_recompute(model: Decoder, prompt: torch.Tensor, max_new_tokens
 
     Raises:
         ArgumentTypeError: model not a Decoder, prompt not an int64 tensor, max_new_tokens not an int.
-        ValueError: an empty or batched prompt, a token id outside the vocabulary, a prompt
-            longer than max_seq_len, max_new_tokens < 0 or past the last position; a prompt or
-            model weights on the meta device.
+        ContextLengthError (a ValueError): a prompt longer than max_seq_len, or max_new_tokens past
+            the last position (refused before any forward; the decoder does not slide).
+        ValueError: an empty or batched prompt, a token id outside the vocabulary,
+            max_new_tokens < 0; a prompt or model weights on the meta device.
     """
     ids, n = generation_inputs(model, prompt, max_new_tokens)
     if n == 0:
@@ -607,9 +637,8 @@ def generate_batch(model: Decoder, prompts: Sequence[torch.Tensor], max_new_toke
                                           note=f"a token id; vocab_size {c.vocab_size}"))
     B, T0 = ids.shape
     if T0 > c.max_seq_len:
-        raise ValueError(f"the longest prompt holds {T0} tokens, more than max_seq_len = {c.max_seq_len}")
-    n = integer("max_new_tokens", max_new_tokens, minimum=1, maximum=c.max_seq_len - T0 + 1,
-                note=f"the longest prompt has {T0} tokens; max_seq_len {c.max_seq_len}")
+        raise ContextLengthError(f"the longest prompt holds {T0} tokens, more than max_seq_len = {c.max_seq_len}")
+    n = _new_tokens(max_new_tokens, 1, T0, c.max_seq_len, f"the longest prompt has {T0} tokens")
     chunk = T0 if prefill_chunk is None else integer("prefill_chunk", prefill_chunk, minimum=1)
     device = model.embed_tokens.weight.device
     ids, mask = ids.to(device), mask.to(device)

@@ -9,7 +9,10 @@ rows permuted for the interleaved pairing, which transformers undoes on load.
 A checkpoint trained for a longer context than its pre-training one may rescale the
 frequencies (``config.RopeScaling``: linear position interpolation, or Llama 3.1's
 frequency-dependent rule); ``scale_frequencies`` applies it, and ``rope_frequencies``,
-``rope_angles`` and ``rope_cos_sin`` take it as ``scaling``.
+``rope_angles`` and ``rope_cos_sin`` take it as ``scaling``. Two other published rules,
+NTK-aware base change (``ntk_frequencies``) and YaRN (``yarn_frequencies``), are computed here
+for Lab 2's RoPE explorer and for comparison; the decoder does not load them
+(docs/kv_cache.md#long-context-rope-scaling).
 """
 from __future__ import annotations
 
@@ -70,6 +73,82 @@ def rope_frequencies(head_dim: int, theta: float = 10000.0, scaling: RopeScaling
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
     omega = 1.0 / (theta ** exponents)
     return omega if scaling is None else scale_frequencies(omega, scaling)
+
+
+def ntk_frequencies(head_dim: int, theta: float, factor: float) -> torch.Tensor:
+    """RoPE frequencies under NTK-aware scaling: the base is raised to
+    theta' = theta * factor ** (head_dim / (head_dim - 2)), so omega_i = theta'^(-2i/head_dim);
+    shape (head_dim // 2,), float32.
+
+    Pair 0 keeps omega_0 = 1 (its exponent is 0) and the slowest pair, i = head_dim/2 - 1, is
+    divided by exactly ``factor``; the pairs between are divided by factor ** (2i / (head_dim - 2)).
+    With head_dim 2 the only pair is pair 0 and nothing changes. Source: bloc97, "NTK-Aware Scaled
+    RoPE allows LLaMA models to have extended (8k+) context size without any fine-tuning"
+    (r/LocalLLaMA, June 2023); transformers' ``_compute_dynamic_ntk_parameters`` applies the same
+    base change with a factor that follows the sequence length.
+
+    Raises: ArgumentTypeError / ValueError for a ``head_dim`` that is not a positive even int, a
+    ``theta`` or ``factor`` that is not a finite number > 0."""
+    head_dim = positive_integer("head_dim", head_dim)
+    positive_number("theta", theta)
+    positive_number("factor", factor)
+    if head_dim == 2:
+        return rope_frequencies(head_dim, theta)
+    return rope_frequencies(head_dim, theta * factor ** (head_dim / (head_dim - 2)))
+
+
+def yarn_attention_factor(factor: float) -> float:
+    """YaRN's attention temperature: cos and sin are multiplied by 0.1 * ln(factor) + 1 (1 for a
+    factor <= 1), so every q.k logit grows by its square. Source: Peng et al., "YaRN: Efficient
+    Context Window Extension of Large Language Models" (2023, arXiv:2309.00071), section 3.4;
+    transformers' ``_compute_yarn_parameters`` (``get_mscale``).
+
+    Raises: ArgumentTypeError / ValueError for a ``factor`` that is not a finite number > 0."""
+    positive_number("factor", factor)
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+
+def yarn_frequencies(head_dim: int, theta: float, factor: float, original_max_position_embeddings: int,
+                     beta_fast: float = 32.0, beta_slow: float = 1.0) -> torch.Tensor:
+    """RoPE frequencies under YaRN's "NTK-by-parts" rule, shape (head_dim // 2,), float32.
+
+    A pair that turns r = C * omega_i / (2 pi) times over the pre-training context
+    C = ``original_max_position_embeddings`` falls in one of three bands: r > ``beta_fast``
+    (many turns: short range) keeps omega_i; r < ``beta_slow`` (less than a turn) gets
+    omega_i / factor, as position interpolation; between, a linear ramp over the pair index
+    blends the two. As transformers' ``_compute_yarn_parameters`` computes it (with its default
+    ``truncate``): the band edges are the pair indices where r equals beta,
+    low = floor(d ln(C / (2 pi beta_fast)) / (2 ln theta)) and
+    high = ceil(d ln(C / (2 pi beta_slow)) / (2 ln theta)), clipped to [0, d - 1]; with
+    ramp_i = clamp((i - low) / (high - low), 0, 1), omega'_i = (1 - ramp_i) omega_i + ramp_i omega_i / factor.
+    The attention temperature that goes with it is ``yarn_attention_factor``.
+    Source: Peng et al., "YaRN: Efficient Context Window Extension of Large Language Models" (2023,
+    arXiv:2309.00071), section 3.2 (alpha = beta_slow = 1, beta = beta_fast = 32 for Llama).
+
+    Raises: ArgumentTypeError / ValueError for a ``head_dim`` that is not a positive even int;
+    ``theta`` not > 1 (the bands are logarithms in base theta); ``factor``, ``beta_fast`` or
+    ``beta_slow`` not a finite number > 0; beta_slow >= beta_fast; an
+    ``original_max_position_embeddings`` that is not an int >= 1."""
+    omega = rope_frequencies(head_dim, theta)
+    if not theta > 1:
+        raise ValueError(f"theta must be > 1 for YaRN (its bands are logarithms in base theta), got {theta!r}")
+    positive_number("factor", factor)
+    context = positive_integer("original_max_position_embeddings", original_max_position_embeddings)
+    positive_number("beta_fast", beta_fast)
+    positive_number("beta_slow", beta_slow)
+    if beta_slow >= beta_fast:
+        raise ValueError(f"beta_slow ({beta_slow}) must be below beta_fast ({beta_fast}): pairs with more than "
+                         "beta_fast turns are kept, those with fewer than beta_slow interpolated")
+
+    def band_edge(turns: float) -> float:
+        return head_dim * math.log(context / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(band_edge(beta_fast)), 0)
+    high = min(math.ceil(band_edge(beta_slow)), head_dim - 1)
+    if low == high:
+        high += 0.001        # as transformers: a step instead of a division by zero
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    return (1 - ramp) * omega + ramp * (omega / factor)
 
 
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float = 10000.0,

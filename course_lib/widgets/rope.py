@@ -5,6 +5,11 @@ the first pair spins fastest, the last barely moves, so nearby positions differ 
 the fast pairs and distant ones in the slow pairs. ``rope_explorer_state`` computes
 what the widget draws (testable without a browser), ``rope_explorer_figure`` the picture, and
 ``rope_explorer`` wires them to ipywidgets sliders.
+
+A scaling control stretches the context: position interpolation divides every frequency by the
+factor, NTK-aware scaling raises the base, YaRN splits the pairs into three bands by how many
+turns they make over the pre-training context (``course_lib.models.rope``);
+``rope_frequency_figure`` plots the frequencies before and after.
 """
 from __future__ import annotations
 
@@ -12,10 +17,40 @@ import math
 
 import torch
 
-from ..models.rope import apply_rope
+from ..models.config import RopeScaling
+from ..models.rope import (ntk_frequencies, rope_frequencies, rotate_pairs, yarn_attention_factor,
+                           yarn_frequencies)
+
+#: The explorer's scaling choices: none, position interpolation, NTK-aware base change, YaRN.
+SCALINGS: tuple[str, ...] = ("none", "linear", "ntk", "yarn")
+#: The pre-training context the explorer assumes for YaRN's bands (positions).
+CONTEXT: int = 2048
 
 
-def rope_explorer_state(position: int, n_pairs: int, base: float = 10000.0, seed: int = 0) -> dict:
+def scaled_frequencies(n_pairs: int, base: float, scaling: str = "none", factor: float = 1.0,
+                       context: int = CONTEXT) -> torch.Tensor:
+    """omega_i (n_pairs,) float32 of a head of width 2 * n_pairs under SCALING ("none", "linear":
+    ``RopeScaling("linear")``, "ntk": ``ntk_frequencies``, "yarn": ``yarn_frequencies`` with
+    beta_fast 32, beta_slow 1 and pre-training context ``context``), stretched by ``factor``.
+
+    Raises: ValueError for an unknown ``scaling``, a ``factor`` below 1, or arguments the library
+    function refuses."""
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling must be one of {', '.join(SCALINGS)}, got {scaling!r}")
+    if not factor >= 1:
+        raise ValueError(f"factor must be >= 1 (a context stretched by it), got {factor!r}")
+    d = 2 * n_pairs
+    if scaling == "none":
+        return rope_frequencies(d, base)
+    if scaling == "linear":
+        return rope_frequencies(d, base, RopeScaling("linear", float(factor)))
+    if scaling == "ntk":
+        return ntk_frequencies(d, base, factor)
+    return yarn_frequencies(d, base, factor, context)
+
+
+def rope_explorer_state(position: int, n_pairs: int, base: float = 10000.0, seed: int = 0,
+                        scaling: str = "none", factor: float = 1.0, context: int = CONTEXT) -> dict:
     """What the RoPE widget shows for one setting.
 
     Args:
@@ -23,15 +58,19 @@ def rope_explorer_state(position: int, n_pairs: int, base: float = 10000.0, seed
         n_pairs: number of 2-D pairs, head_dim = 2 * n_pairs (int >= 1).
         base: RoPE base theta (> 1).
         seed: seed of the example vector.
+        scaling, factor, context: the frequency scaling, as ``scaled_frequencies``.
 
     Returns:
-        dict with ``omega`` (n_pairs,) rad/position, ``angles`` (n_pairs,) rad (position * omega,
-        not wrapped), ``turns`` (n_pairs,) full turns, ``original`` and ``rotated`` (n_pairs, 2)
-        pair coordinates (x_i, x_{i+d/2}) before and after rotation, and ``norm_before`` /
-        ``norm_after`` of the whole vector (equal: a rotation preserves length).
+        dict with ``omega_unscaled`` (n_pairs,) rad/position (base^(-2i/d)), ``omega`` (n_pairs,) the
+        frequencies after scaling (float64 copies), ``angles`` (n_pairs,) rad (position * omega, not
+        wrapped), ``turns`` (n_pairs,) full turns, ``original`` and ``rotated`` (n_pairs, 2) pair
+        coordinates (x_i, x_{i+d/2}) before and after rotation, ``norm_before`` / ``norm_after`` of
+        the whole vector (equal: a rotation preserves length), ``attention_factor`` (YaRN's
+        temperature on cos and sin, not applied to the drawn vectors; 1 otherwise) and the settings
+        ``scaling``, ``factor``, ``context``.
 
     Raises:
-        ValueError: position < 0, n_pairs < 1 or base <= 1.
+        ValueError: position < 0, n_pairs < 1, base <= 1, or a bad scaling as ``scaled_frequencies``.
     """
     if not isinstance(position, int) or position < 0:
         raise ValueError(f"position must be an int >= 0, got {position!r}")
@@ -40,14 +79,18 @@ def rope_explorer_state(position: int, n_pairs: int, base: float = 10000.0, seed
     if not base > 1:
         raise ValueError(f"base must be > 1, got {base!r}")
     d = 2 * n_pairs
-    omega = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    unscaled = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    omega = unscaled if scaling == "none" else scaled_frequencies(n_pairs, base, scaling, factor,
+                                                                   context).to(torch.float64)
     x = torch.randn(1, 1, 1, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    rotated = apply_rope(x, torch.tensor([position]), base)[0, 0, 0]
-    pairs = lambda v: torch.stack([v[:n_pairs], v[n_pairs:]], dim=-1)  # noqa: E731
     angles = position * omega
-    return {"omega": omega, "angles": angles, "turns": angles / (2 * math.pi),
+    rotated = rotate_pairs(x, angles.cos(), angles.sin())[0, 0, 0]
+    pairs = lambda v: torch.stack([v[:n_pairs], v[n_pairs:]], dim=-1)  # noqa: E731
+    return {"omega_unscaled": unscaled, "omega": omega, "angles": angles, "turns": angles / (2 * math.pi),
             "original": pairs(x[0, 0, 0]), "rotated": pairs(rotated),
-            "norm_before": float(x.norm()), "norm_after": float(rotated.norm())}
+            "norm_before": float(x.norm()), "norm_after": float(rotated.norm()),
+            "attention_factor": yarn_attention_factor(factor) if scaling == "yarn" else 1.0,
+            "scaling": scaling, "factor": float(factor), "context": context}
 
 
 #: Resolution of the widget's picture (dots per inch); it is shown at this size, one image pixel
@@ -57,12 +100,13 @@ DPI: int = 100
 MIN_WIDTH_IN: float = 4.0
 
 
-def rope_explorer_figure(position: int, n_pairs: int, base: float = 10000.0, seed: int = 0):
+def rope_explorer_figure(position: int, n_pairs: int, base: float = 10000.0, seed: int = 0,
+                         scaling: str = "none", factor: float = 1.0, context: int = CONTEXT):
     """The picture the RoPE widget shows: one small plot per pair, the example vector's pair
     before (grey) and after (blue) rotation, titled with its angle in turns.
 
     Args:
-        position, n_pairs, base, seed: as ``rope_explorer_state``.
+        position, n_pairs, base, seed, scaling, factor, context: as ``rope_explorer_state``.
 
     Returns:
         ``(figure, state)``: a ``matplotlib.figure.Figure`` drawn off-screen (pyplot's backend is
@@ -75,7 +119,7 @@ def rope_explorer_figure(position: int, n_pairs: int, base: float = 10000.0, see
     from matplotlib.figure import Figure
     from matplotlib.patches import Circle
 
-    state = rope_explorer_state(position, n_pairs, base, seed)
+    state = rope_explorer_state(position, n_pairs, base, seed, scaling, factor, context)
     cols = min(n_pairs, 8)
     rows = math.ceil(n_pairs / cols)
     fig = Figure(figsize=(max(1.4 * cols, MIN_WIDTH_IN), 1.7 * rows + 0.6))
@@ -94,10 +138,38 @@ def rope_explorer_figure(position: int, n_pairs: int, base: float = 10000.0, see
         ax.set_ylim(-lim, lim)
         ax.set_aspect("equal")
         ax.set_title(f"pair {i}\n{float(state['turns'][i]):.3g} turns", fontsize=8)
-    fig.suptitle(f"position {position}, base {base:.3g}\n|x| {state['norm_before']:.4f} "
+    stretch = "" if scaling == "none" else f", {scaling} x{factor:g}"
+    fig.suptitle(f"position {position}, base {base:.3g}{stretch}\n|x| {state['norm_before']:.4f} "
                  f"-> {state['norm_after']:.4f}", fontsize=9)
     fig.tight_layout()
     return fig, state
+
+
+def rope_frequency_figure(state: dict):
+    """The frequencies of a ``rope_explorer_state``, before (grey) and after (blue) its scaling, on a
+    log axis against the pair index, with the frequency of one turn over the pre-training context
+    (2 pi / context, dotted) and, when a scaling is chosen, over the stretched one (2 pi / (factor * context),
+    dashed): a pair
+    above the dotted line turns many times within the context (short range), one below it less than
+    once. Returns a ``matplotlib.figure.Figure`` drawn off-screen, 4.8 x 2.6 inches."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.8, 2.6))
+    ax = fig.subplots()
+    i = range(len(state["omega"]))
+    ax.semilogy(i, state["omega_unscaled"].tolist(), "o", color="0.6", label="before")
+    ax.semilogy(i, state["omega"].tolist(), "x", color="C0", label=f"after ({state['scaling']})")
+    one_turn = 2 * math.pi / state["context"]
+    ax.axhline(one_turn, color="0.3", ls=":", lw=0.8, label=f"1 turn in {state['context']}")
+    if state["scaling"] != "none" and state["factor"] > 1:
+        ax.axhline(one_turn / state["factor"], color="0.3", ls="--", lw=0.8,
+                   label=f"1 turn in {state['factor'] * state['context']:g}")
+    ax.set_xlabel("pair i", fontsize=8)
+    ax.set_ylabel("omega (rad/position)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=6, loc="upper right")
+    fig.tight_layout()
+    return fig
 
 
 def png_size(png: bytes) -> tuple[int, int]:
@@ -134,10 +206,14 @@ def show_figure(image, fig) -> None:
     image.value = png
 
 
-def rope_explorer(position: int = 5, n_pairs: int = 8, base: float = 10000.0):
-    """An ipywidgets panel: sliders for position, pairs and base, and the picture of
-    ``rope_explorer_figure`` for their values. Returns the widget; its ``update()`` attribute
-    redraws for the current slider values and returns the state (tests).
+def rope_explorer(position: int = 5, n_pairs: int = 8, base: float = 10000.0, scaling: str = "none",
+                  factor: float = 4.0):
+    """An ipywidgets panel: sliders for position, pairs and base, the picture of
+    ``rope_explorer_figure`` for their values, then a scaling menu (``SCALINGS``) with a factor
+    slider and the frequency plot of ``rope_frequency_figure`` (children: the slider row, the
+    picture, the scaling row, the frequency plot). Returns the widget; its ``update()`` attribute
+    redraws for the current values and returns the state (tests). The factor is used only when a
+    scaling is chosen.
 
     The picture is a PNG in an ``ipywidgets.Image`` whose layout width is the PNG's own width in
     pixels (height follows the aspect ratio), so it is shown at its natural resolution, neither
@@ -150,16 +226,21 @@ def rope_explorer(position: int = 5, n_pairs: int = 8, base: float = 10000.0):
     pos = widgets.IntSlider(value=position, min=0, max=4096, description="position")
     pairs = widgets.IntSlider(value=n_pairs, min=1, max=16, description="pairs")
     base_w = widgets.FloatLogSlider(value=base, base=10, min=1, max=6, description="base")
-    image = picture_widget()
+    scaling_w = widgets.Dropdown(options=SCALINGS, value=scaling, description="scaling")
+    factor_w = widgets.FloatSlider(value=factor, min=1, max=16, step=0.5, description="factor")
+    image, frequencies = picture_widget(), picture_widget()
 
     def update(*_):
-        fig, state = rope_explorer_figure(int(pos.value), int(pairs.value), float(base_w.value))
+        fig, state = rope_explorer_figure(int(pos.value), int(pairs.value), float(base_w.value),
+                                          scaling=scaling_w.value, factor=float(factor_w.value))
         show_figure(image, fig)
+        show_figure(frequencies, rope_frequency_figure(state))
         return state
 
-    for w in (pos, pairs, base_w):
+    for w in (pos, pairs, base_w, scaling_w, factor_w):
         w.observe(update, names="value")
-    panel = widgets.VBox([widgets.HBox([pos, pairs, base_w]), image], layout=widgets.Layout(**PANEL_LAYOUT))
+    panel = widgets.VBox([widgets.HBox([pos, pairs, base_w]), image, widgets.HBox([scaling_w, factor_w]), frequencies],
+                         layout=widgets.Layout(**PANEL_LAYOUT))
     panel.update = update
     update()
     return panel
