@@ -4,8 +4,11 @@ Modules: ``formats`` (QuantScheme, quantize/dequantize/fake_quantize, storage_by
 ``packing`` (pack_int4/unpack_int4, PackedInt4), ``ggml_blocks`` (GGUF Q4_0/Q4_1/Q8_0 blocks,
 byte-identical to the gguf package, and a GGUF tensor reader), ``perplexity`` (token windows,
 perplexity), ``layers`` (a decoder's linear layers, temporary weight swaps), ``outliers``
-(activation maxima through forward pre-hooks), ``smoothquant`` (W8A8 and SmoothQuant), ``gptq``
-(Hessians and GPTQ).
+(activation maxima through forward pre-hooks), ``smoothquant`` (W8A8 and SmoothQuant), ``awq``
+(activation-aware weight scaling for one layer), ``gptq`` (Hessians and GPTQ), ``floats`` (fp32,
+bf16, fp16 and fp8 layouts: largest finite value, machine epsilon). ``kv_cache`` (the simulated
+int8 KV cache) wraps the decoder's attention, so it sits above ``course_lib.models`` and is imported
+as ``course_lib.quant.kv_cache``, not from here (docs/architecture.md#layers).
 """
 from .formats import (FORMATS, GRANULARITIES, SCALE_BYTES, SCALE_TORCH_DTYPES, QuantizedTensor, QuantScheme,
                       StorageBytes, StorageFormat, bits_per_weight, dequantize, fake_quantize, qmax, quantize,
@@ -19,3 +22,5 @@ from .outliers import input_absmax, observe_linear_inputs, outlier_table, run_wi
 from .smoothquant import (SMOOTHING_FLOOR, W8A8_WEIGHT_SCHEME, fake_quantize_activation, smoothing_scales,
                           w8a8)
 from .gptq import GPTQResult, collect_hessians, damp_hessian, gptq_quantize, hessian
+from .awq import AWQ_FLOOR, AWQResult, awq_quantize, awq_scales
+from .floats import FLOAT_FORMATS, FloatFormat, float_format
