@@ -225,6 +225,7 @@ def test_best_gamma_names_a_tie_taken_in_the_given_order():
 @pytest.mark.parametrize("wrong, message", [
     (lambda a, c, gs: (float(_best_by_max(a, c, gs)[0]), _best_by_max(a, c, gs)[1]), "must be one of the given ints"),
     (lambda a, c, gs: _best_by_max(a, c, gs)[0], "must return a tuple"),
+    (lambda a, c, gs: list(_best_by_max(a, c, gs)), "must return a tuple"),
     (lambda a, c, gs: (_best_by_max(a, c, gs)[0], 1.0), "right, but speedup"),
     (lambda a, c, gs: (max(gs), _speedup(a, max(gs), c)), "expected tokens per iteration maximised"),
 ])

@@ -709,9 +709,9 @@ def check_best_gamma(fn: Callable, seed: int = 0, cases: int = 8) -> None:
     for alpha, c, gammas in draws:
         what = f"best_gamma(alpha={alpha:g}, draft_cost={c:g}, gammas={list(gammas)})"
         result = call_on_copies(what, fn, alpha, c, list(gammas))
-        if type(result) not in (tuple, list) or len(result) != 2:
+        if type(result) is not tuple or len(result) != 2:
             raise ContractError(f"{what}: must return a tuple (gamma, speedup), got {type(result).__qualname__}"
-                                + (f" of length {len(result)}" if type(result) in (tuple, list) else ""))
+                                + (f" of length {len(result)}" if type(result) is tuple else ""))
         got_gamma, got_speedup = result
         if type(got_gamma) is not int or got_gamma not in gammas:
             raise ContractError(f"{what}: the gamma returned must be one of the given ints {sorted(gammas)}, got "
