@@ -193,3 +193,53 @@ def test_a_bonus_token_that_is_not_the_targets_always_fails(seed):
     draft_bonus = solutions.solution_namespace(LAB, next(f for f in lab05.FAULTS if f.name == "bonus_from_draft").edits)
     with pytest.raises(ContractError, match="it is the draft's prediction after the last proposal"):
         lab05.check_greedy_speculative_step(draft_bonus["greedy_speculative_step"], seed=seed)
+
+
+# -- best_gamma -------------------------------------------------------------------------------
+def _speedup(alpha, gamma, c):
+    return sum(alpha ** i for i in range(gamma + 1)) / (gamma * c + 1)      # E as a sum of powers
+
+
+def _best_by_max(alpha, draft_cost, gammas):
+    """Correct, written another way: max over (speedup, -gamma), E summed term by term."""
+    value, negative = max((_speedup(alpha, g, draft_cost), -g) for g in gammas)
+    return -negative, value
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_best_gamma_accepts_another_correct_argmax(seed):
+    lab05.check_best_gamma(_best_by_max, seed=seed, cases=20)
+
+
+def test_best_gamma_names_a_tie_taken_in_the_given_order():
+    def first_listed(alpha, draft_cost, gammas):
+        best, value = None, -1.0
+        for g in gammas:                                                 # not sorted: a tie keeps the first listed
+            if _speedup(alpha, g, draft_cost) > value:
+                best, value = g, _speedup(alpha, g, draft_cost)
+        return best, value
+    with pytest.raises(ContractError, match="first gamma in the given order taken on a tie"):
+        lab05.check_best_gamma(first_listed, seed=0)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda a, c, gs: (float(_best_by_max(a, c, gs)[0]), _best_by_max(a, c, gs)[1]), "must be one of the given ints"),
+    (lambda a, c, gs: _best_by_max(a, c, gs)[0], "must return a tuple"),
+    (lambda a, c, gs: list(_best_by_max(a, c, gs)), "must return a tuple"),
+    (lambda a, c, gs: (_best_by_max(a, c, gs)[0], 1.0), "right, but speedup"),
+    (lambda a, c, gs: (max(gs), _speedup(a, max(gs), c)), "expected tokens per iteration maximised"),
+])
+def test_best_gamma_refuses_wrong_types_and_values(wrong, message):
+    with pytest.raises(ContractError, match=message):
+        lab05.check_best_gamma(wrong, seed=0)
+
+
+def test_best_gamma_fixed_cases_cover_an_interior_optimum_both_ends_and_ties():
+    from course_lib.speculative.analysis import best_gamma
+    found = [best_gamma(a, c, gs)[0] for a, c, gs, _ in lab05.BEST_GAMMA_CASES]
+    ends = [(min(gs), max(gs)) for _, _, gs, _ in lab05.BEST_GAMMA_CASES]
+    assert min(ends[0]) < found[0] < max(ends[0])                       # interior
+    assert found[2] == ends[2][0] and found[3] == ends[3][1]            # the shortest, the longest
+    for case in (1, 4):                                                 # ties: every gamma gives the same speedup
+        a, c, gs, _ = lab05.BEST_GAMMA_CASES[case]
+        assert len({_speedup(a, g, c) for g in gs}) == 1 and found[case] == min(gs)

@@ -11,7 +11,7 @@ import torch
 from course_lib.models.config import toy_config
 from course_lib.models.decoder import Decoder, generate_cached, toy_decoder
 from course_lib.speculative import (Draft, ModelDraft, PromptLookupDraft, SpeculativeStats, StepCosts, StepResult,
-                                    break_even_alpha, check_same_vocabulary, generate_speculative,
+                                    best_gamma, break_even_alpha, check_same_vocabulary, generate_speculative,
                                     measure_step_costs, speculative_step, truncated_draft)
 from course_lib.speculative.bench import compare
 
@@ -74,6 +74,10 @@ def test_the_target_as_its_own_draft_accepts_every_proposal(target, gamma):
     # every iteration emits gamma + 1 tokens, but the last, truncated to land on N_NEW exactly
     assert stats.iterations == math.ceil(N_NEW / (gamma + 1))
     assert stats.emitted == N_NEW
+    # one chunk per iteration: gamma + 1 tokens, the last one what is left; each timed
+    chunks = [gamma + 1] * (N_NEW // (gamma + 1)) + ([N_NEW % (gamma + 1)] if N_NEW % (gamma + 1) else [])
+    assert list(stats.chunk_tokens) == chunks
+    assert len(stats.iteration_s) == stats.iterations and all(t > 0 for t in stats.iteration_s)
 
 
 def test_the_target_as_its_own_draft_emits_gamma_plus_one_per_step(target):
@@ -423,6 +427,33 @@ def test_break_even_alpha_matches_a_fine_grid():
     assert break_even_alpha(4, draft_cost=0.1, verification_ratio=1.5) > found
 
 
+def test_best_gamma_against_the_sum_of_powers():
+    def speedup(alpha, gamma, c, v=1.0):                              # E as 1 + alpha + ... + alpha^gamma
+        return sum(alpha ** i for i in range(gamma + 1)) / (gamma * c + v)
+
+    # alpha 0.8, c 0.1 over 1 .. 8: 1.8/1.1, 2.44/1.2, ..., peaking inside the range, at gamma 6
+    values = [speedup(0.8, g, 0.1) for g in range(1, 9)]
+    assert values.index(max(values)) == 5
+    gamma, value = best_gamma(0.8, 0.1, range(1, 9))
+    assert gamma == 6 and value == pytest.approx(3.951424 / 1.6, rel=1e-12)       # E = 3.951424 by hand
+    assert best_gamma(0.8, 0.1, [8, 2, 6, 4]) == best_gamma(0.8, 0.1, [2, 4, 6, 8])  # any order
+    assert best_gamma(0.95, 0.0, [1, 3, 8])[0] == 8                  # a free draft: the longest block
+    assert best_gamma(0.2, 0.3, range(1, 9)) == (1, pytest.approx(1.2 / 1.3))       # the shortest block
+    assert best_gamma(0.0, 0.0, [4, 2, 3]) == (2, 1.0)                # a tie everywhere: the smallest gamma
+    assert best_gamma(1.0, 1.0, [5, 1, 3]) == (1, 1.0)                # (g + 1) / (g + 1): a tie again
+    gamma, value = best_gamma(0.8, 0.1, range(1, 9), verification_ratio=2.0)
+    assert value == pytest.approx(max(speedup(0.8, g, 0.1, 2.0) for g in range(1, 9)), rel=1e-12)
+
+
+def test_best_gamma_refuses_bad_candidates():
+    with pytest.raises(ValueError, match="gammas"):
+        best_gamma(0.8, 0.1, [])
+    with pytest.raises(ValueError, match="gammas"):
+        best_gamma(0.8, 0.1, [2, -1])
+    with pytest.raises(ValueError, match="alpha"):
+        best_gamma(1.5, 0.1, [2])
+
+
 def test_break_even_alpha_raises_when_no_alpha_breaks_even():
     with pytest.raises(ValueError, match="no alpha"):
         break_even_alpha(4, draft_cost=2.0)                            # 5 tokens for 9 target steps
@@ -455,6 +486,17 @@ def test_compare_reports_each_method_beside_plain_greedy(target):
     greedy = table[table.method == "greedy"]
     assert (greedy.speedup == 1).all() and greedy.alpha.isna().all()
     assert (table[table.method == "self"].alpha == 1).all()
+    # the stream: greedy keeps no per-step times; a speculative row's decode time is its chunks' gaps
+    assert greedy[["decode_s", "mean_gap_s", "max_gap_s", "tpot_s"]].isna().all().all()
+    spec_rows = table[table.method != "greedy"]
+    assert (spec_rows.decode_s > 0).all() and (spec_rows.decode_s <= spec_rows.seconds).all()
+    assert np.allclose(spec_rows.mean_gap_s * spec_rows.iterations, spec_rows.decode_s)
+    assert np.allclose(spec_rows.tpot_s * spec_rows.tokens, spec_rows.decode_s)
+    assert (spec_rows.max_gap_s >= spec_rows.mean_gap_s).all()
+    total = table[(table.prompt == "total") & (table.method == "lookup")].iloc[0]
+    per_prompt = table[(table.prompt != "total") & (table.method == "lookup")]
+    assert total.decode_s == pytest.approx(per_prompt.decode_s.sum())
+    assert total.max_gap_s == per_prompt.max_gap_s.max()
 
 
 def test_compare_warms_up_on_the_first_prompt_only(target):

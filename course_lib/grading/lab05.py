@@ -17,6 +17,9 @@ the visible checks, ``fresh_seed()`` for the hidden tests) and compares against 
   reference computes.
 * ``check_speculative_formulas``: expected tokens per iteration and the speedup model, to a
   relative 1e-9 (docs/speculative_decoding.md#expected-tokens-and-speedup).
+* ``check_best_gamma``: the block length with the largest speedup among given ones, ties to the
+  smallest, on fixed cases (an interior optimum, both ends, two ties) and drawn ones
+  (docs/speculative_decoding.md#the-best-gamma).
 
 When a contract fails, the checker tries the faults the lab lists and names the one that matches
 (docs/speculative_decoding.md#exercises-and-contracts). For the statistical checks a correct
@@ -635,6 +638,100 @@ def _number(what: str, call: Callable, alpha: float, gamma: int) -> float:
     return check_real(what, value)
 
 
+# -- the best block length ---------------------------------------------------------------------
+#: The fixed cases every run of ``check_best_gamma`` starts with: (alpha, draft_cost, gammas, what it shows).
+BEST_GAMMA_CASES = (
+    (0.8, 0.1, (1, 2, 3, 4, 5, 6, 7, 8), "an interior optimum, gamma 6"),
+    (0.0, 0.0, (2, 4, 1, 3), "a tie: every gamma gives 1.0"),
+    (0.2, 0.3, (5, 3, 1, 8), "the shortest block"),
+    (0.95, 0.01, (2, 8, 4, 6), "the longest block"),
+    (1.0, 1.0, (4, 6, 2), "a tie: (gamma + 1) / (gamma + 1) = 1 for every gamma"),
+)
+
+
+def _best_by(key: Callable[[int], float], gammas, *, ties_to_largest: bool = False, in_order: bool = False):
+    """(gamma, key(gamma)) maximising key over gammas: ascending, ties to the smallest (exact
+    comparison), or to the largest, or to the first in the given order. For the diagnosis."""
+    best, value = None, -math.inf
+    for g in (list(gammas) if in_order else sorted(gammas)):
+        v = key(g)
+        if v > value or (ties_to_largest and v == value):
+            best, value = g, v
+    return best, value
+
+
+def _best_gamma_variants(alpha: float, c: float, gammas) -> dict[str, Callable[[], tuple[int, float]]]:
+    """What best_gamma returns with each known fault: (gamma, the speedup it reports)."""
+    speedup = lambda g: analysis.speculative_speedup(alpha, g, draft_cost=c)
+    tokens = lambda g: analysis.expected_tokens_per_step(alpha, g)
+    no_bonus = lambda g: (1 - alpha ** g) / (1 - alpha) / (g * c + 1)
+    return {
+        "the expected tokens per iteration maximised, not the speedup: the draft's cost is left out, so the longest "
+        "block always wins": lambda: _best_by(tokens, gammas),
+        "the verification step's cost left out (E / (gamma * draft_cost)): one target step per iteration is paid "
+        "whatever gamma is, and without it the shortest block looks best": lambda: _best_by(
+            lambda g: tokens(g) / (g * c), gammas),
+        "the largest gamma taken on a tie: equal speedups go to the smallest gamma": lambda: _best_by(
+            speedup, gammas, ties_to_largest=True),
+        "the first gamma in the given order taken on a tie, not the smallest: gammas may come in any order": lambda:
+            _best_by(speedup, gammas, in_order=True),
+        "speedups from expected tokens that count alpha^gamma instead of alpha^(gamma + 1) (the bonus token left "
+        "out; see expected_tokens_per_step)": lambda: _best_by(no_bonus, gammas),
+    }
+
+
+def _best_gamma_draw(rng: random.Random) -> tuple[float, float, tuple[int, ...]]:
+    """A random case whose best speedup is apart from the next distinct one (relative 1e-9), so float
+    rounding in a learner's formula cannot decide it."""
+    for _ in attempts("Lab 5"):
+        alpha = round(rng.uniform(0.05, 0.98), 6)
+        c = round(rng.choice([0.0, rng.uniform(0.01, 0.6)]), 6)
+        gammas = tuple(rng.sample(range(1, 11), rng.randint(3, 8)))
+        values = sorted((analysis.speculative_speedup(alpha, g, draft_cost=c) for g in gammas), reverse=True)
+        if values[0] - values[1] > 1e-9 * values[0]:
+            return alpha, c, gammas
+    raise AssertionError("unreachable")
+
+
+def check_best_gamma(fn: Callable, seed: int = 0, cases: int = 8) -> None:
+    """Contract: fn(alpha, draft_cost, gammas) -> (gamma, speedup): the gamma among ``gammas`` (a list of
+    ints >= 1, in any order) with the largest ``speculative_speedup(alpha, gamma, verification_ratio=1,
+    draft_cost=draft_cost)``, and that speedup (a float, to a relative 1e-9); on a tie the smallest such
+    gamma. Checked on the fixed cases ``BEST_GAMMA_CASES`` (an interior optimum, both ends, two ties),
+    then ``cases`` drawn ones (alpha in [0.05, 0.98], draft_cost 0 or in [0.01, 0.6], 3 to 8 gammas of
+    1 .. 10 shuffled, no near-tie). Reference: ``course_lib.speculative.analysis.best_gamma``.
+    Source: Leviathan et al., 2023 (arXiv:2211.17192), Theorem 3.8 maximised over gamma;
+    docs/speculative_decoding.md#the-best-gamma.
+    """
+    check_own_function("best_gamma", fn)
+    rng = random.Random(seed)
+    draws = [case[:3] for case in BEST_GAMMA_CASES] + [_best_gamma_draw(rng) for _ in range(cases)]
+    for alpha, c, gammas in draws:
+        what = f"best_gamma(alpha={alpha:g}, draft_cost={c:g}, gammas={list(gammas)})"
+        result = call_on_copies(what, fn, alpha, c, list(gammas))
+        if type(result) is not tuple or len(result) != 2:
+            raise ContractError(f"{what}: must return a tuple (gamma, speedup), got {type(result).__qualname__}"
+                                + (f" of length {len(result)}" if type(result) is tuple else ""))
+        got_gamma, got_speedup = result
+        if type(got_gamma) is not int or got_gamma not in gammas:
+            raise ContractError(f"{what}: the gamma returned must be one of the given ints {sorted(gammas)}, got "
+                                f"{got_gamma!r} ({type(got_gamma).__qualname__})")
+        got_speedup = check_real(f"{what}: the speedup returned", got_speedup)
+        want_gamma, want_speedup = analysis.best_gamma(alpha, c, gammas)
+        table = ", ".join(f"{g}: {analysis.speculative_speedup(alpha, g, draft_cost=c):.6g}" for g in sorted(gammas))
+        same = lambda got, cand: got[0] == cand[0] and math.isclose(got[1], cand[1], rel_tol=1e-9)
+        if got_gamma != want_gamma:
+            err = ContractError(f"{what}: returned gamma {got_gamma} (speedup {got_speedup:.10g}); the largest speedup "
+                                f"is {want_speedup:.10g}, at gamma {want_gamma} (speedups by gamma: {table}; on a tie "
+                                "the smallest gamma)")
+            raise diagnose(err, (got_gamma, got_speedup), _best_gamma_variants(alpha, c, gammas),
+                           lambda got, cand: got[0] == cand[0]) from None
+        if not math.isclose(got_speedup, want_speedup, rel_tol=1e-9):
+            err = ContractError(f"{what}: returned gamma {got_gamma}, right, but speedup {got_speedup:.10g}; "
+                                f"speculative_speedup gives {want_speedup:.10g} there (E / (gamma * draft_cost + 1))")
+            raise diagnose(err, (got_gamma, got_speedup), _best_gamma_variants(alpha, c, gammas), same) from None
+
+
 # -- the lab's declared tables (see tables.py) -------------------------------------------------
 _SAMPLING = ("course_lib.speculative.sampling.accept_or_resample", "course_lib.speculative.sampling.verify_block",
              "course_lib.speculative.sampling.trial_distribution")
@@ -644,6 +741,8 @@ CONTRACTS = (
              ("expected_tokens_per_step", "speculative_speedup"),
              references=("course_lib.speculative.analysis.expected_tokens_per_step",
                          "course_lib.speculative.analysis.speculative_speedup")),
+    Contract("test_best_gamma", check_best_gamma, ("best_gamma",),
+             references=("course_lib.speculative.analysis.best_gamma",)),
     Contract("test_greedy_speculative_step", check_greedy_speculative_step, ("greedy_speculative_step",),
              writes=Writes(args=(3, 4)),                                        # target_cache, draft_cache
              references=("course_lib.speculative.greedy.speculative_step",
@@ -654,13 +753,28 @@ CONTRACTS = (
              references=_SAMPLING),
 )
 
+_BEST_SPEEDUP = "        speedup = speculative_speedup(alpha, gamma, verification_ratio=1.0, draft_cost=draft_cost)\n"
 _CROP = "    target_cache.crop(L + k)\n    draft_cache.crop(min(draft_cache.length, L + k))\n"
 FAULTS = (
     Fault("expected_tokens_without_bonus",
           (Edit("expected_tokens_per_step", "(1 - alpha ** (gamma + 1)) / (1 - alpha)",
                 "(1 - alpha ** gamma) / (1 - alpha)"),),
-          {"test_speculative_formulas": r"alpha\^gamma instead of alpha\^\(gamma \+ 1\)"},
+          {"test_speculative_formulas": r"alpha\^gamma instead of alpha\^\(gamma \+ 1\)",
+           "test_best_gamma": r"alpha\^gamma instead of alpha\^\(gamma \+ 1\)"},
           "counts alpha^gamma, leaving the bonus token out of the expected tokens"),
+    Fault("best_gamma_by_expected_tokens",
+          (Edit("best_gamma", _BEST_SPEEDUP, "        speedup = expected_tokens_per_step(alpha, gamma)\n"),),
+          {"test_best_gamma": "expected tokens per iteration maximised, not the speedup"},
+          "ranks the gammas by expected tokens per iteration, leaving out the draft's cost: the longest block wins"),
+    Fault("best_gamma_without_verification",
+          (Edit("best_gamma", _BEST_SPEEDUP,
+                "        speedup = expected_tokens_per_step(alpha, gamma) / (gamma * draft_cost)\n"),),
+          {"test_best_gamma": "verification step's cost left out"},
+          "divides the expected tokens by the draft steps alone, leaving out the verification step"),
+    Fault("best_gamma_largest_on_tie",
+          (Edit("best_gamma", "if speedup > best_speedup:", "if speedup >= best_speedup:"),),
+          {"test_best_gamma": "largest gamma taken on a tie"},
+          "keeps the last of equal speedups, so a tie goes to the largest gamma"),
     Fault("no_crop_after_rejection",
           (Edit("greedy_speculative_step", _CROP, ""),),
           {"test_greedy_speculative_step": "not cropped after a rejection"},

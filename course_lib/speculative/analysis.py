@@ -10,15 +10,20 @@ the cost of the verification step relative to a plain one (a roofline bound from
 
 Lab 1 previews these bounds on the 70B cost calculator
 (``docs/roofline.md#speculative-decoding-bounds``); Lab 5 builds the decoding loop itself on
-this module (``docs/speculative_decoding.md#expected-tokens-and-speedup``) and asks where a
-draft stops paying for itself (``break_even_alpha``).
+this module (``docs/speculative_decoding.md#expected-tokens-and-speedup``), asks where a
+draft stops paying for itself (``break_even_alpha``) and which block length pays most
+(``best_gamma``, ``docs/speculative_decoding.md#the-best-gamma``).
 """
 from __future__ import annotations
 
 from ..roofline import step_time_bound
 from ..validation import nonnegative_integer, nonnegative_number, number, positive_integer, positive_number
 
-__all__ = ["expected_tokens_per_step", "verification_cost_ratio", "speculative_speedup", "break_even_alpha"]
+__all__ = ["expected_tokens_per_step", "verification_cost_ratio", "speculative_speedup", "break_even_alpha",
+           "best_gamma", "TIE_TOLERANCE"]
+
+#: Relative difference below which ``best_gamma`` counts two speedups as equal (a tie).
+TIE_TOLERANCE = 1e-12
 
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
@@ -117,3 +122,44 @@ def break_even_alpha(gamma: int, *, draft_cost: float, verification_ratio: float
         else:
             high = mid
     return high
+
+
+def best_gamma(alpha: float, draft_cost: float, gammas, *, verification_ratio: float = 1.0) -> tuple[int, float]:
+    """The block length with the largest speedup bound among ``gammas``, and that speedup
+    (``docs/speculative_decoding.md#the-best-gamma``).
+
+    Each extra drafted token adds ``alpha^gamma`` expected tokens (a shrinking gain) for one more
+    draft step (a fixed cost, ``draft_cost``), so with a costly draft the speedup
+    ``speculative_speedup(alpha, gamma, ...)`` rises, peaks and falls: alpha 0.8 and
+    draft_cost 0.1 peak at gamma 6 (2.4696, free verification) among 1 .. 8. A free draft with
+    alpha > 0 always prefers the longest block; alpha = 0 the shortest.
+
+    Ties: speedups within a relative ``TIE_TOLERANCE`` (1e-12) of the largest count as equal, and
+    the *smallest* such gamma wins (the same speedup for fewer draft steps and a shorter stall
+    between chunks); alpha 0 with a free draft ties every gamma at 1.0.
+
+    Args:
+        alpha: acceptance rate, a float in [0, 1].
+        draft_cost: one draft step's time relative to a plain target step (>= 0).
+        gammas: the candidate block lengths, a non-empty iterable of ints >= 0 (any order;
+            0 is plain decoding).
+        verification_ratio: keyword-only, the verification step's cost relative to a plain
+            target step (> 0; 1 in the classic analysis), the same for every gamma.
+
+    Returns:
+        (gamma, speedup): an int from ``gammas`` and its ``speculative_speedup``, a float.
+
+    Raises:
+        ValueError: an empty ``gammas``, a negative gamma, or alpha, draft_cost and
+            verification_ratio as ``speculative_speedup``.
+    """
+    candidates = sorted({nonnegative_integer("gammas[i]", g) for g in gammas})
+    if not candidates:
+        raise ValueError("gammas must hold at least one block length, got none")
+    speedups = [speculative_speedup(alpha, g, verification_ratio=verification_ratio, draft_cost=draft_cost)
+                for g in candidates]
+    top = max(speedups)
+    for g, s in zip(candidates, speedups):        # ascending: the first within the tolerance is the smallest
+        if s >= top * (1 - TIE_TOLERANCE):
+            return g, s
+    raise AssertionError("unreachable")

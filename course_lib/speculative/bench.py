@@ -118,8 +118,14 @@ def compare(target: Decoder, prompts: Mapping[str, torch.Tensor],
         a DataFrame, one row per (prompt, method) and a "total" row per method, with columns
         prompt, method, prompt_tokens, tokens, same_tokens (identical to greedy's), iterations,
         proposed, accepted, alpha (accepted / proposed), tokens_per_iteration, min_top2_gap,
-        seconds (median), tokens_per_s, speedup (greedy's seconds / this method's, same prompt).
-        The total row sums tokens, iterations, proposals and median seconds over the prompts.
+        seconds (median), tokens_per_s, speedup (greedy's seconds / this method's, same prompt);
+        for the speculative methods the stream a client would see (nan for greedy, which keeps no
+        per-step times): decode_s (median time after the prefill, the sum of the iterations'
+        ``SpeculativeStats.iteration_s``), mean_gap_s (decode_s / iterations: the mean gap between
+        chunks, one chunk per iteration), max_gap_s (the longest iteration of any timed round) and
+        tpot_s (decode_s / tokens: the time per output token after the prefill).
+        The total row sums tokens, iterations, proposals, median seconds and decode_s over the
+        prompts, and takes the largest max_gap_s.
 
     Raises:
         ValueError: repeats < 1, warmup < 0; as ``generate_speculative``.
@@ -135,6 +141,8 @@ def compare(target: Decoder, prompts: Mapping[str, torch.Tensor],
             methods[label] = (lambda factory=factory:
                               generate_speculative(target, factory(), ids, max_new_tokens, gamma))
         seconds: dict[str, list[float]] = {label: [] for label in methods}
+        decode: dict[str, list[float]] = {label: [] for label in methods}      # time after the prefill
+        gaps: dict[str, list[float]] = {label: [] for label in methods}        # every timed iteration
         results: dict[str, tuple] = {}
         untimed = warmup if index == 0 else 0
         for round_ in range(untimed + repeats):
@@ -142,6 +150,10 @@ def compare(target: Decoder, prompts: Mapping[str, torch.Tensor],
                 results[label], elapsed = timed(run, device)
                 if round_ >= untimed:
                     seconds[label].append(elapsed)
+                    stats = results[label][1]
+                    if stats is not None:
+                        decode[label].append(sum(stats.iteration_s))
+                        gaps[label].extend(stats.iteration_s)
         greedy_tokens = results["greedy"][0]
         for label, (tokens, stats) in results.items():
             rows.append(dict(
@@ -150,27 +162,32 @@ def compare(target: Decoder, prompts: Mapping[str, torch.Tensor],
                 iterations=stats.iterations if stats else int(tokens.numel()),
                 proposed=stats.proposed if stats else 0, accepted=stats.accepted if stats else 0,
                 min_top2_gap=stats.min_top2_gap if stats else math.nan,
-                seconds=statistics.median(seconds[label])))
+                seconds=statistics.median(seconds[label]),
+                decode_s=statistics.median(decode[label]) if decode[label] else math.nan,
+                max_gap_s=max(gaps[label]) if gaps[label] else math.nan))
     table = pd.DataFrame(rows)
     totals = (table.groupby("method", sort=False)
               .agg(prompt_tokens=("prompt_tokens", "sum"), tokens=("tokens", "sum"), same_tokens=("same_tokens", "all"),
                    iterations=("iterations", "sum"), proposed=("proposed", "sum"), accepted=("accepted", "sum"),
-                   min_top2_gap=("min_top2_gap", "min"), seconds=("seconds", "sum"))
+                   min_top2_gap=("min_top2_gap", "min"), seconds=("seconds", "sum"),
+                   decode_s=("decode_s", lambda d: d.sum(min_count=1)), max_gap_s=("max_gap_s", "max"))
               .reset_index().assign(prompt="total"))
     table = pd.concat([table, totals[table.columns]], ignore_index=True)
     table["alpha"] = table.accepted / table.proposed.where(table.proposed > 0)
     table["tokens_per_iteration"] = table.tokens / table.iterations
     table["tokens_per_s"] = table.tokens / table.seconds
+    table["mean_gap_s"] = table.decode_s / table.iterations
+    table["tpot_s"] = table.decode_s / table.tokens
     greedy_seconds = table[table.method == "greedy"].set_index("prompt").seconds
     table["speedup"] = table.prompt.map(greedy_seconds) / table.seconds
     return table[["prompt", "method", "prompt_tokens", "tokens", "same_tokens", "iterations", "proposed",
                   "accepted", "alpha", "tokens_per_iteration", "min_top2_gap", "seconds", "tokens_per_s",
-                  "speedup"]]
+                  "speedup", "decode_s", "mean_gap_s", "max_gap_s", "tpot_s"]]
 
 
 def print_table(table: pd.DataFrame) -> None:
     """The comparison as aligned text, a mismatch of tokens named under it."""
-    shown = table.drop(columns=["iterations", "proposed", "accepted"])
+    shown = table.drop(columns=["iterations", "proposed", "accepted", "decode_s", "max_gap_s"])
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}", na_rep="-"))
     for row in table[~table.same_tokens].itertuples():
         print(f"MISMATCH: {row.method} on {row.prompt!r} did not reproduce greedy's tokens")

@@ -30,6 +30,7 @@ cache that is not cropped makes the next step attend to rejected tokens' keys.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +77,12 @@ class SpeculativeStats:
         min_top2_gap: the smallest top-2 logit gap of any row that chose an emitted token
             (inf when nothing was emitted).
         min_top2_gap_at: index of that token in the generated tokens (-1 when none).
+        iteration_s: wall time of each iteration in seconds (``time.perf_counter``; the draft's
+            proposals, the verification forward and the rollback). Each iteration ends by reading
+            its tokens on the host, which waits for the device, so on a GPU too each time is
+            complete. A streaming client receives one chunk per iteration: these are the gaps
+            between chunks (the first one follows the prefill).
+        chunk_tokens: tokens emitted by each iteration (its chunk), summing to ``emitted``.
     """
 
     iterations: int
@@ -84,6 +91,8 @@ class SpeculativeStats:
     emitted: int
     min_top2_gap: float
     min_top2_gap_at: int
+    iteration_s: tuple[float, ...] = ()
+    chunk_tokens: tuple[int, ...] = ()
 
     @property
     def acceptance_rate(self) -> float:
@@ -261,18 +270,24 @@ def generate_speculative(target: Decoder, draft: Draft | Decoder, prompt: torch.
     out: list[int] = []
     iterations = proposed = accepted = 0
     min_gap, min_gap_at = math.inf, -1
+    times: list[float] = []
+    chunks: list[tuple[int, ...]] = []
     while len(out) < n:
         left = n - len(out)
+        start = time.perf_counter()
         if left == 1:      # nothing worth drafting: one plain target step
             step = _verify(target, draft, tokens, target_cache, [])
         else:
             step = speculative_step(target, draft, tokens, target_cache, min(gamma, left - 1))
+        times.append(time.perf_counter() - start)
         if step.min_top2_gap < min_gap:
             min_gap, min_gap_at = step.min_top2_gap, len(out) + step.min_top2_gap_at
         tokens.extend(step.emitted)
         out.extend(step.emitted)
+        chunks.append(step.emitted)
         iterations += 1
         proposed += step.proposed
         accepted += step.accepted
-    stats = SpeculativeStats(iterations, proposed, accepted, len(out), min_gap, min_gap_at)
+    stats = SpeculativeStats(iterations, proposed, accepted, len(out), min_gap, min_gap_at, tuple(times),
+                             tuple(len(c) for c in chunks))
     return torch.tensor(out, dtype=torch.int64, device=ids.device), stats
