@@ -415,7 +415,7 @@ _remote.dumps = _huge_dumps
 
 
 def a_reference_wrappers_l1(nb):
-    """Solution cells that only wrap course_lib's own references (Lab 1: 6 of 13 points), through an
+    """Solution cells that only wrap course_lib's own references (Lab 1: 6 of 16 points), through an
     alias import, an alias defined in another cell, importlib.import_module and getattr."""
     nb.cells[cell_index(nb, "kv_bytes_per_token")].source = '''import course_lib.roofline as _r
 
@@ -442,7 +442,7 @@ def gemm_intensity(m, n, batch, bytes_per_element):
 
 
 def a_reference_wrappers_l2(nb):
-    """Lab 2 (8 of 16 points): a from-import alias, sys.modules behind a helper function, and
+    """Lab 2 (8 of 30 points): a from-import alias, sys.modules behind a helper function, and
     __import__ with getattr around course_lib.models."""
     nb.cells[cell_index(nb, "apply_rope")].source = '''from course_lib.models.rope import apply_rope as _rotate
 
@@ -960,7 +960,7 @@ def radix_release(root, tokens, block_size):
 
 
 def a_reference_wrappers_l3(nb):
-    """Lab 3 (19 of 19, flagged): the radix exercises through RadixCache's private steps (_walk,
+    """Lab 3 (21 of 21, 6 of them wrapped and flagged): the radix exercises through RadixCache's private steps (_walk,
     _matched, _path) and through the checker's own fault model with no fault on (variant_evict)."""
     replace_in(nb, "radix_match", "def radix_match(", "def _unused_radix_match(")
     append_to(nb, "radix_match", '''
