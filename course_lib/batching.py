@@ -7,6 +7,8 @@ alone against the same row in a batch, and the price of batch-invariant mode.
   KV cache read too, and ``roofline.attention_flops`` per row; ``docs/roofline.md#decode-step-bound``), with the
   bandwidth and peak measured on this machine (``roofline.measure_gemv_bandwidth``, ``measure_matmul`` and
   ``estimate_roof``, Lab 1).
+- :func:`context_sweep` times one decode step at long cached contexts (a cache of random keys and values, no
+  prefill), where the two bounds part: the attention bound follows the context, the weights-only one does not.
 - :func:`divergence_report` compares a solo run with the same row's run inside a batch. Logits are
   compared on the common prefix only: the logits at the first step whose tokens differ were still
   computed from the same context, later ones are not (course Lab 6; the same rule as the grading
@@ -35,7 +37,7 @@ from .timing import timed
 from .validation import instance, integer, materialized, positive_integer
 
 __all__ = ["DivergenceReport", "REPORT_KEYS", "divergence_report", "batch_sweep", "padding_divergence",
-           "invariant_cost", "main"]
+           "context_sweep", "invariant_cost", "main"]
 
 BATCHES = (1, 2, 4, 8, 16)
 
@@ -128,6 +130,18 @@ def _median_step(model: Decoder, prompts: Sequence[torch.Tensor], new_tokens: in
     return prefill_s, steps
 
 
+def _bounds(model: Decoder, roof: MeasuredRoof, batch: int, context: int):
+    """(weights-only, with-attention) ``StepBound`` of one decode step of ``batch`` rows at ``context``."""
+    c = model.config
+    served = dict(weight_bytes=weight_bytes(model), n_params=sum(p.numel() for p in model.parameters()),
+                  batch=batch, bandwidth=roof.bandwidth, peak_flops=roof.peak_flops)
+    kv = kv_bytes_per_sequence(n_layers=c.n_layers, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, context=context,
+                               bytes_per_value=model.embed_tokens.weight.element_size())
+    return (step_time_bound(**served, kv_bytes_per_sequence=0),
+            step_time_bound(**served, kv_bytes_per_sequence=kv, attention_flops_per_sequence=attention_flops(
+                n_layers=c.n_layers, width=c.attention_width, context=context)))
+
+
 def batch_sweep(model: Decoder, prompts: Sequence[torch.Tensor], roof: MeasuredRoof, *,
                 batches: Sequence[int] = BATCHES, new_tokens: int = 64, progress: bool = True):
     """Prefill and decode of left-padded batches of each size in ``batches`` against the roofline.
@@ -158,10 +172,7 @@ def batch_sweep(model: Decoder, prompts: Sequence[torch.Tensor], roof: MeasuredR
     batches = [positive_integer("batches[]", b) for b in batches]
     if not prompts:
         raise ValueError("prompts must hold at least one prompt")
-    c = model.config
     weight = model.embed_tokens.weight
-    n_params = sum(p.numel() for p in model.parameters())
-    streamed = weight_bytes(model)
     bar = batches
     if progress:
         from tqdm.auto import tqdm
@@ -172,15 +183,7 @@ def batch_sweep(model: Decoder, prompts: Sequence[torch.Tensor], roof: MeasuredR
         _median_step(model, batch, 4)                                  # warm-up
         prefill_s, steps = _median_step(model, batch, new_tokens)
         step = statistics.median(steps)
-        context = max(len(p) for p in batch) + new_tokens // 2
-        served = dict(weight_bytes=streamed, n_params=n_params, batch=B, bandwidth=roof.bandwidth,
-                      peak_flops=roof.peak_flops)
-        weights_only = step_time_bound(**served, kv_bytes_per_sequence=0)
-        bound = step_time_bound(**served, kv_bytes_per_sequence=kv_bytes_per_sequence(
-                                    n_layers=c.n_layers, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
-                                    context=context, bytes_per_value=weight.element_size()),
-                                attention_flops_per_sequence=attention_flops(
-                                    n_layers=c.n_layers, width=c.attention_width, context=context))
+        weights_only, bound = _bounds(model, roof, B, max(len(p) for p in batch) + new_tokens // 2)
         rows.append({"batch": B, "prefill_s": prefill_s, "decode_step_s": step, "tokens_per_s": 1 / step,
                      "aggregate_tokens_per_s": B / step, "weights_bound_s": weights_only.bound_s,
                      "predicted_step_s": bound.bound_s, "binding": bound.binding,
@@ -188,6 +191,60 @@ def batch_sweep(model: Decoder, prompts: Sequence[torch.Tensor], roof: MeasuredR
     table = pd.DataFrame(rows)
     table.attrs.update(threads=torch.get_num_threads(), device=str(weight.device), new_tokens=new_tokens,
                        bandwidth=roof.bandwidth, peak_flops=roof.peak_flops)
+    return table
+
+
+def context_sweep(model: Decoder, roof: MeasuredRoof, *, batch: int = 4, contexts: Sequence[int] = (64, 1024, 4096),
+                  warmup: int = 1, repeats: int = 3):
+    """One decode step of ``batch`` rows at each cached context, against both roofline bounds.
+
+    The cache is filled with random keys and values instead of a prefill (a decode step's cost depends
+    on how many positions it reads, not on their values), so long contexts cost only their steps.
+    Each context: ``warmup`` untimed and ``repeats`` timed decode steps, the cache cropped back after
+    each; the median is kept.
+
+    Args:
+        model: a ``Decoder``. roof: this machine's ``MeasuredRoof``. batch: rows, an int >= 1.
+        contexts: cached positions, ints in [1, max_seq_len - 1]. warmup (>= 0), repeats (>= 1): ints.
+
+    Returns:
+        pandas DataFrame, one row per context: ``context, decode_step_s`` (median), ``weights_bound_s``,
+        ``predicted_step_s`` (with attention), ``binding`` and ``measured_over_predicted``, as
+        ``batch_sweep``. ``attrs``: threads, device, batch, warmup, repeats.
+
+    Raises: ArgumentTypeError / ValueError for a non-Decoder, a non-MeasuredRoof or bad sizes."""
+    import pandas as pd
+
+    instance("model", model, Decoder)
+    instance("roof", roof, MeasuredRoof)
+    B = positive_integer("batch", batch)
+    warmup, repeats = integer("warmup", warmup, minimum=0), positive_integer("repeats", repeats)
+    contexts = [integer("contexts[]", t, minimum=1, maximum=model.config.max_seq_len - 1) for t in contexts]
+    device = model.embed_tokens.weight.device
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for context in contexts:
+        cache = model.new_cache(B, context + 1)
+        cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
+        cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
+        cache.length = context
+        token = torch.randint(0, model.config.vocab_size, (B, 1), generator=gen).to(device)
+        position = torch.tensor([context], device=device)
+        times = []
+        for r in range(warmup + repeats):
+            with torch.no_grad():
+                _, seconds = timed(lambda: model(token, position, cache), device)
+            cache.crop(context)
+            if r >= warmup:
+                times.append(seconds)
+        del cache
+        step = statistics.median(times)
+        weights_only, bound = _bounds(model, roof, B, context)
+        rows.append({"context": context, "decode_step_s": step, "weights_bound_s": weights_only.bound_s,
+                     "predicted_step_s": bound.bound_s, "binding": bound.binding,
+                     "measured_over_predicted": step / bound.bound_s})
+    table = pd.DataFrame(rows)
+    table.attrs.update(threads=torch.get_num_threads(), device=str(device), batch=B, warmup=warmup, repeats=repeats)
     return table
 
 

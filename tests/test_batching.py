@@ -308,3 +308,20 @@ def test_padding_divergence_refuses_bad_arguments(model, change, match):
     kwargs = {**dict(prompt=prompt, filler=filler, pads=(0,), new_tokens=2), **change}
     with pytest.raises(ValueError, match=match):
         padding_divergence(model, **kwargs)
+
+
+def test_context_sweep_times_a_step_over_a_random_cache_against_both_bounds(model):
+    """Toy decoder, 2 rows, made-up roof of 1 GB/s and 1 GFLOP/s: the weights alone bound the step at
+    12,133,376 B = 2 * 2 * 3,033,344 FLOP (12.133376 ms); with attention compute binds at
+    (12,133,376 + 2 * 4,096 * context) FLOP (the cache adds only 2 * 2,048 * context bytes)."""
+    from course_lib.batching import context_sweep
+    from course_lib.roofline import MeasuredRoof
+
+    table = context_sweep(model, MeasuredRoof(bandwidth=1e9, peak_flops=1e9), batch=2, contexts=(4, 16),
+                          warmup=0, repeats=1)
+    assert table.context.tolist() == [4, 16] and table.attrs["batch"] == 2
+    assert table.weights_bound_s.tolist() == pytest.approx([12_133_376 / 1e9] * 2, rel=1e-12)
+    assert table.predicted_step_s.tolist() == pytest.approx([12_166_144 / 1e9, 12_264_448 / 1e9], rel=1e-12)
+    assert (table.binding == "compute").all() and (table.decode_step_s > 0).all()
+    with pytest.raises(ValueError, match="contexts"):
+        context_sweep(model, MeasuredRoof(bandwidth=1e9, peak_flops=1e9), contexts=(model.config.max_seq_len,))
