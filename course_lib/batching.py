@@ -276,6 +276,7 @@ def padding_divergence(model: Decoder, prompt: torch.Tensor, filler: torch.Tenso
     instance("model", model, Decoder)
     for name, ids in (("prompt", prompt), ("filler", filler)):
         instance(name, ids, torch.Tensor)
+        materialized(name, ids)
         if ids.dim() != 1 or ids.dtype != torch.int64 or ids.numel() == 0:
             raise ValueError(f"{name} must be a non-empty (n,) int64 tensor, got {tuple(ids.shape)} {ids.dtype}")
     pads = [integer("pads[]", p, minimum=0) for p in pads]

@@ -299,7 +299,7 @@ def test_padding_divergence_default_kernels_stay_within_float32_rounding(model):
 @pytest.mark.parametrize("change, match", [
     (dict(pads=(0, 20)), "filler holds 20 tokens"), (dict(pads=(-1,)), "pads"), (dict(pads=()), "pads"),
     (dict(new_tokens=0), "new_tokens"), (dict(prompt=torch.ones(2, 3, dtype=torch.int64)), "prompt"),
-    (dict(filler=torch.ones(30)), "filler"),
+    (dict(filler=torch.ones(30)), "filler"), (dict(filler=torch.ones(30, dtype=torch.int64).to("meta")), "filler"),
 ])
 def test_padding_divergence_refuses_bad_arguments(model, change, match):
     from course_lib.batching import padding_divergence
