@@ -2,14 +2,19 @@
 alone against the same row in a batch, and the price of batch-invariant mode.
 
 - :func:`batch_sweep` times prefill and every decode step of left-padded batches of B = 1, 2, 4, 8, 16
-  and sets the median step beside the roofline bound (``roofline.step_time_bound``: weights read once
-  per step plus each row's KV cache, against 2 N B FLOPs; ``docs/roofline.md#cost-calculator``) with the
+  and sets the median step beside two roofline bounds (``roofline.step_time_bound``): the weights alone
+  (read once per step, 2 N B FLOPs; ``docs/roofline.md#cost-calculator``) and with attention (each row's
+  KV cache read too, and ``roofline.attention_flops`` per row; ``docs/roofline.md#decode-step-bound``), with the
   bandwidth and peak measured on this machine (``roofline.measure_gemv_bandwidth``, ``measure_matmul`` and
   ``estimate_roof``, Lab 1).
+- :func:`context_sweep` times one decode step at long cached contexts (a cache of random keys and values, no
+  prefill), where the two bounds part: the attention bound follows the context, the weights-only one does not.
 - :func:`divergence_report` compares a solo run with the same row's run inside a batch. Logits are
   compared on the common prefix only: the logits at the first step whose tokens differ were still
   computed from the same context, later ones are not (course Lab 6; the same rule as the grading
   contracts' logit check).
+- :func:`padding_divergence` decodes one prompt alone and as a row with 0, 8, 32, ... pad slots, and
+  reports where each batched run's tokens first differ from the solo run (``divergence.first_divergence``).
 - :func:`invariant_cost` times one decode step with and without ``Decoder.batch_invariant_mode``,
   interleaved in one run. Run ``python -m course_lib.batching`` for both measurements.
 
@@ -26,12 +31,13 @@ import torch
 
 from .divergence import first_divergence, top2_gap
 from .models.config import weight_bytes
-from .models.decoder import Decoder, left_pad, positions_from_mask
-from .roofline import MeasuredRoof, kv_bytes_per_sequence, step_time_bound
+from .models.decoder import Decoder, generate_batch, left_pad, positions_from_mask
+from .roofline import MeasuredRoof, attention_flops, kv_bytes_per_sequence, step_time_bound
 from .timing import timed
 from .validation import instance, integer, materialized, positive_integer
 
-__all__ = ["DivergenceReport", "REPORT_KEYS", "divergence_report", "batch_sweep", "invariant_cost", "main"]
+__all__ = ["DivergenceReport", "REPORT_KEYS", "divergence_report", "batch_sweep", "padding_divergence",
+           "context_sweep", "invariant_cost", "main"]
 
 BATCHES = (1, 2, 4, 8, 16)
 
@@ -124,6 +130,18 @@ def _median_step(model: Decoder, prompts: Sequence[torch.Tensor], new_tokens: in
     return prefill_s, steps
 
 
+def _bounds(model: Decoder, roof: MeasuredRoof, batch: int, context: int):
+    """(weights-only, with-attention) ``StepBound`` of one decode step of ``batch`` rows at ``context``."""
+    c = model.config
+    served = dict(weight_bytes=weight_bytes(model), n_params=sum(p.numel() for p in model.parameters()),
+                  batch=batch, bandwidth=roof.bandwidth, peak_flops=roof.peak_flops)
+    kv = kv_bytes_per_sequence(n_layers=c.n_layers, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, context=context,
+                               bytes_per_value=model.embed_tokens.weight.element_size())
+    return (step_time_bound(**served, kv_bytes_per_sequence=0),
+            step_time_bound(**served, kv_bytes_per_sequence=kv, attention_flops_per_sequence=attention_flops(
+                n_layers=c.n_layers, width=c.attention_width, context=context)))
+
+
 def batch_sweep(model: Decoder, prompts: Sequence[torch.Tensor], roof: MeasuredRoof, *,
                 batches: Sequence[int] = BATCHES, new_tokens: int = 64, progress: bool = True):
     """Prefill and decode of left-padded batches of each size in ``batches`` against the roofline.
@@ -137,9 +155,11 @@ def batch_sweep(model: Decoder, prompts: Sequence[torch.Tensor], roof: MeasuredR
 
     Returns:
         pandas DataFrame, one row per B: ``batch, prefill_s, decode_step_s`` (median), ``tokens_per_s``
-        (per sequence, 1 / step), ``aggregate_tokens_per_s`` (B / step), ``predicted_step_s`` (the
-        roofline bound at the run's mean context), ``binding`` ("memory" or "compute"), and
-        ``measured_over_predicted``. ``attrs``: threads, device, new_tokens, bandwidth, peak_flops.
+        (per sequence, 1 / step), ``aggregate_tokens_per_s`` (B / step), ``weights_bound_s`` (the
+        bound with the weights alone: their bytes, 2 N B FLOPs), ``predicted_step_s`` (the bound with
+        attention at the run's mean context: the cached keys and values read as well, and
+        4 * L * width * context * B FLOPs more, ``docs/roofline.md#decode-step-bound``), ``binding``
+        ("memory" or "compute", of the latter), and ``measured_over_predicted`` (against the latter). ``attrs``: threads, device, new_tokens, bandwidth, peak_flops.
 
     Raises:
         ArgumentTypeError / ValueError: a non-Decoder, no prompts, bad batches or new_tokens.
@@ -152,10 +172,7 @@ def batch_sweep(model: Decoder, prompts: Sequence[torch.Tensor], roof: MeasuredR
     batches = [positive_integer("batches[]", b) for b in batches]
     if not prompts:
         raise ValueError("prompts must hold at least one prompt")
-    c = model.config
     weight = model.embed_tokens.weight
-    n_params = sum(p.numel() for p in model.parameters())
-    streamed = weight_bytes(model)
     bar = batches
     if progress:
         from tqdm.auto import tqdm
@@ -166,17 +183,119 @@ def batch_sweep(model: Decoder, prompts: Sequence[torch.Tensor], roof: MeasuredR
         _median_step(model, batch, 4)                                  # warm-up
         prefill_s, steps = _median_step(model, batch, new_tokens)
         step = statistics.median(steps)
-        context = max(len(p) for p in batch) + new_tokens // 2
-        bound = step_time_bound(weight_bytes=streamed, n_params=n_params, batch=B, bandwidth=roof.bandwidth,
-                                peak_flops=roof.peak_flops, kv_bytes_per_sequence=kv_bytes_per_sequence(
-                                    n_layers=c.n_layers, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
-                                    context=context, bytes_per_value=weight.element_size()))
+        weights_only, bound = _bounds(model, roof, B, max(len(p) for p in batch) + new_tokens // 2)
         rows.append({"batch": B, "prefill_s": prefill_s, "decode_step_s": step, "tokens_per_s": 1 / step,
-                     "aggregate_tokens_per_s": B / step, "predicted_step_s": bound.bound_s,
-                     "binding": bound.binding, "measured_over_predicted": step / bound.bound_s})
+                     "aggregate_tokens_per_s": B / step, "weights_bound_s": weights_only.bound_s,
+                     "predicted_step_s": bound.bound_s, "binding": bound.binding,
+                     "measured_over_predicted": step / bound.bound_s})
     table = pd.DataFrame(rows)
     table.attrs.update(threads=torch.get_num_threads(), device=str(weight.device), new_tokens=new_tokens,
                        bandwidth=roof.bandwidth, peak_flops=roof.peak_flops)
+    return table
+
+
+def context_sweep(model: Decoder, roof: MeasuredRoof, *, batch: int = 4, contexts: Sequence[int] = (64, 1024, 4096),
+                  warmup: int = 1, repeats: int = 3):
+    """One decode step of ``batch`` rows at each cached context, against both roofline bounds.
+
+    The cache is filled with random keys and values instead of a prefill (a decode step's cost depends
+    on how many positions it reads, not on their values), so long contexts cost only their steps.
+    Each context: ``warmup`` untimed and ``repeats`` timed decode steps, the cache cropped back after
+    each; the median is kept.
+
+    Args:
+        model: a ``Decoder``. roof: this machine's ``MeasuredRoof``. batch: rows, an int >= 1.
+        contexts: cached positions, ints in [1, max_seq_len - 1]. warmup (>= 0), repeats (>= 1): ints.
+
+    Returns:
+        pandas DataFrame, one row per context: ``context, decode_step_s`` (median), ``weights_bound_s``,
+        ``predicted_step_s`` (with attention), ``binding`` and ``measured_over_predicted``, as
+        ``batch_sweep``. ``attrs``: threads, device, batch, warmup, repeats.
+
+    Raises: ArgumentTypeError / ValueError for a non-Decoder, a non-MeasuredRoof or bad sizes."""
+    import pandas as pd
+
+    instance("model", model, Decoder)
+    instance("roof", roof, MeasuredRoof)
+    B = positive_integer("batch", batch)
+    warmup, repeats = integer("warmup", warmup, minimum=0), positive_integer("repeats", repeats)
+    contexts = [integer("contexts[]", t, minimum=1, maximum=model.config.max_seq_len - 1) for t in contexts]
+    device = model.embed_tokens.weight.device
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for context in contexts:
+        cache = model.new_cache(B, context + 1)
+        cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
+        cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
+        cache.length = context
+        token = torch.randint(0, model.config.vocab_size, (B, 1), generator=gen).to(device)
+        position = torch.tensor([context], device=device)
+        times = []
+        for r in range(warmup + repeats):
+            with torch.no_grad():
+                _, seconds = timed(lambda: model(token, position, cache), device)
+            cache.crop(context)
+            if r >= warmup:
+                times.append(seconds)
+        del cache
+        step = statistics.median(times)
+        weights_only, bound = _bounds(model, roof, B, context)
+        rows.append({"context": context, "decode_step_s": step, "weights_bound_s": weights_only.bound_s,
+                     "predicted_step_s": bound.bound_s, "binding": bound.binding,
+                     "measured_over_predicted": step / bound.bound_s})
+    table = pd.DataFrame(rows)
+    table.attrs.update(threads=torch.get_num_threads(), device=str(device), batch=B, warmup=warmup, repeats=repeats)
+    return table
+
+
+def padding_divergence(model: Decoder, prompt: torch.Tensor, filler: torch.Tensor, *,
+                       pads: Sequence[int] = (0, 8, 32), new_tokens: int = 64):
+    """Where a row's greedy tokens first differ from its solo run, for several padding lengths.
+
+    The prompt is decoded alone (``generate_batch`` with one row), then once per ``p`` in ``pads`` as
+    row 0 of a batch of two whose row 1 is ``filler[:len(prompt) + p]``: left padding gives row 0
+    exactly ``p`` pad slots (``p = 0``: batched, unpadded). Each batched row is compared with the solo
+    run by ``divergence_report`` (logits on the common prefix only), with the model's current kernels.
+
+    Args:
+        model: a ``Decoder``. prompt: (T,) int64 token ids. filler: (F,) int64 token ids with
+        F >= T + max(pads). pads: ints >= 0. new_tokens: tokens per run, an int >= 1.
+
+    Returns:
+        pandas DataFrame, one row per pad length: ``pads`` and the ``REPORT_KEYS`` columns
+        (``first_difference`` is None where the runs agree). ``attrs``: threads, device, new_tokens,
+        batch (2), batch_invariant.
+
+    Raises:
+        ArgumentTypeError / ValueError: a non-Decoder, a prompt or filler that is not a 1-D int64
+        tensor, a filler too short for the largest pad, a negative pad, no pads, bad new_tokens;
+        and as ``generate_batch`` (a run past the model's ``max_seq_len``).
+    """
+    import pandas as pd
+
+    instance("model", model, Decoder)
+    for name, ids in (("prompt", prompt), ("filler", filler)):
+        instance(name, ids, torch.Tensor)
+        materialized(name, ids)
+        if ids.dim() != 1 or ids.dtype != torch.int64 or ids.numel() == 0:
+            raise ValueError(f"{name} must be a non-empty (n,) int64 tensor, got {tuple(ids.shape)} {ids.dtype}")
+    pads = [integer("pads[]", p, minimum=0) for p in pads]
+    if not pads:
+        raise ValueError("pads must hold at least one padding length")
+    n = positive_integer("new_tokens", new_tokens)
+    T = prompt.numel()
+    if filler.numel() < T + max(pads):
+        raise ValueError(f"filler holds {filler.numel()} tokens; the largest pad needs len(prompt) + {max(pads)} "
+                         f"= {T + max(pads)}")
+    solo_tokens, solo_logits = generate_batch(model, [prompt], n)
+    rows = []
+    for p in pads:
+        tokens, logits = generate_batch(model, [prompt, filler[:T + p]], n)
+        report = divergence_report(solo_tokens[0], tokens[0], solo_logits[0], logits[0])
+        rows.append({"pads": p, **{key: getattr(report, key) for key in REPORT_KEYS}})
+    table = pd.DataFrame(rows, columns=["pads", *REPORT_KEYS])
+    table.attrs.update(threads=torch.get_num_threads(), device=str(model.embed_tokens.weight.device), new_tokens=n,
+                       batch=2, batch_invariant=model.batch_invariant)
     return table
 
 

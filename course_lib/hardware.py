@@ -10,7 +10,8 @@ figures enter, so every formula after it reads bare.
 Lab 1 (``roofline``) bounds a model on a ``Device``; Lab 3 (``scheduling.cost.Deployment``)
 serves a model on one. ``REFERENCE_DEVICES`` holds the course's five generic devices
 (``docs/roofline.md#devices``); ``DEVICES`` adds the H100 SXM and the H200 with their vendors'
-dense BF16 figures.
+dense BF16 figures. ``Device.from_datasheet`` reads the datasheet's footnotes too (a peak quoted
+with sparsity, a capacity in GiB); ``H100_SXM_PEAKS`` holds one datasheet's peaks per precision.
 """
 from __future__ import annotations
 
@@ -18,7 +19,11 @@ from dataclasses import dataclass
 
 from .validation import positive_number
 
-__all__ = ["Device", "REFERENCE_DEVICES", "DEVICES", "get_device"]
+__all__ = ["Device", "CAPACITY_UNITS", "REFERENCE_DEVICES", "DEVICES", "H100_SXM_PEAKS", "get_device"]
+
+#: Bytes in one unit of a capacity figure: decimal GB (what datasheets of accelerators print) and
+#: binary GiB (what memory is built in and ``nvidia-smi`` or ``free -g`` report).
+CAPACITY_UNITS: dict[str, int] = {"GB": 10 ** 9, "GiB": 2 ** 30}
 
 _REFERENCE_SOURCE = "the course's generic reference devices (docs/roofline.md#devices; dense 16-bit compute)"
 
@@ -53,15 +58,27 @@ class Device:
 
     @classmethod
     def from_datasheet(cls, name: str, capacity_gb: float, bandwidth_tbps: float, dense_tflops: float,
-                       source: str = "") -> "Device":
+                       source: str = "", *, sparse: bool = False, capacity_unit: str = "GB") -> "Device":
         """A device from datasheet units: capacity in decimal GB (x 1e9 bytes), bandwidth in TB/s
-        (x 1e12 B/s), dense compute in TFLOP/s (x 1e12 FLOP/s).
+        (x 1e12 B/s), dense compute in TFLOP/s (x 1e12 FLOP/s) (``docs/roofline.md#reading-a-datasheet``).
 
-        Raises: ValueError (naming the argument) for a figure that is not a positive finite number."""
+        Two readings a datasheet leaves to its footnotes, keyword-only:
+            sparse: True when the quoted TFLOP/s assume 2:4 structured sparsity (NVIDIA marks them
+                "with sparsity"); the dense peak a bound uses is then half the figure.
+            capacity_unit: "GB" (1e9 bytes, the default) or "GiB" (2**30 bytes: 24 GiB = 25.77e9 bytes),
+                for a capacity that is really a power of two.
+
+        Raises: ValueError (naming the argument) for a figure that is not a positive finite number,
+        a ``sparse`` that is not a bool, or an unknown ``capacity_unit``."""
         for argument, value in (("capacity_gb", capacity_gb), ("bandwidth_tbps", bandwidth_tbps),
                                 ("dense_tflops", dense_tflops)):
             positive_number(argument, value)
-        return cls(name, capacity_gb * 1e9, bandwidth_tbps * 1e12, dense_tflops * 1e12, source)
+        if not isinstance(sparse, bool):
+            raise ValueError(f"sparse must be True or False, got {sparse!r}")
+        if capacity_unit not in CAPACITY_UNITS:
+            raise ValueError(f"capacity_unit must be one of {', '.join(CAPACITY_UNITS)}, got {capacity_unit!r}")
+        return cls(name, capacity_gb * CAPACITY_UNITS[capacity_unit], bandwidth_tbps * 1e12,
+                   dense_tflops * 1e12 / (2 if sparse else 1), source)
 
     @property
     def ridge_point(self) -> float:
@@ -91,6 +108,19 @@ DEVICES: dict[str, Device] = {
                                       "NVIDIA H100 SXM5: 80 GB HBM3, 3.35 TB/s; " + _NVIDIA_NOTE),
     "H200": Device.from_datasheet("H200", 141, 4.8, 989, "NVIDIA H200 SXM: 141 GB HBM3e, 4.8 TB/s; " + _NVIDIA_NOTE),
 }
+
+
+#: The H100 SXM's tensor throughput as its datasheet prints it, per precision: (precision, TFLOP/s as
+#: quoted, quoted with 2:4 structured sparsity?). FP32 runs without tensor cores; every tensor-core
+#: figure is quoted with sparsity, so its dense peak is half. Read with
+#: ``Device.from_datasheet(..., sparse=...)``; the bound's peak is that of the precision the
+#: kernels compute in (docs/roofline.md#reading-a-datasheet).
+H100_SXM_PEAKS: tuple[tuple[str, float, bool], ...] = (
+    ("FP32", 67, False),
+    ("TF32 tensor core", 989, True),
+    ("BF16 tensor core", 1979, True),
+    ("FP8 tensor core", 3958, True),
+)
 
 
 def get_device(device) -> Device:

@@ -17,6 +17,8 @@ Contents:
 - the per-token cost calculator of the 70B example: ``weight_bytes_for_format``,
   ``kv_bytes_per_sequence``, ``step_time_bound``, ``smallest_compute_bound_batch``
   (``course_lib.speculative`` builds the speculative-decoding bounds on ``step_time_bound``);
+- two devices and more: ``tensor_parallel_step`` (a decode step split by tensor parallelism, with its
+  all-reduces over a link of ``TP_LINKS``);
 - arithmetic intensity: ``gemv_intensity``, ``gemm_intensity``, ``decode_attention_intensity``;
 - measurement: ``measure_matmul`` (W (d x d) @ X (d x B) on this machine),
   ``measure_gemv_bandwidth`` (x @ W streamed over more bytes than the caches hold) and
@@ -38,6 +40,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .cache.tiers import LINKS as TIER_LINKS
+from .cache.tiers import Link
 from .hardware import REFERENCE_DEVICES, Device, get_device
 from .models.config import ModelConfig
 from .validation import (instance, nonnegative_integer, nonnegative_number, number, positive_integer,
@@ -49,8 +53,9 @@ if TYPE_CHECKING:
 __all__ = [
     "CASE_WEIGHT_BYTES", "FORMAT_BITS", "step_time", "StepBound", "case_model", "n_matmul", "kv_bytes_per_token",
     "serving_file_bytes", "default_weight_bytes", "requests_that_fit", "prefill_flops", "prefill_time",
-    "decode_step_flops", "decode_step", "decode_step_bound", "capacity_table", "weight_bytes_for_format",
-    "kv_bytes_per_sequence", "step_time_bound", "smallest_compute_bound_batch", "gemv_intensity",
+    "attention_flops", "decode_step_flops", "decode_step", "decode_step_bound", "capacity_table", "weight_bytes_for_format",
+    "kv_bytes_per_sequence", "step_time_bound", "smallest_compute_bound_batch",
+    "TP_LINKS", "TensorParallelBound", "tensor_parallel_step", "gemv_intensity",
     "gemm_intensity", "decode_attention_intensity", "DEFAULT_BATCHES", "measure_matmul", "MeasuredRoof",
     "GemvBandwidth", "measure_gemv_bandwidth", "estimate_roof",
 ]
@@ -215,16 +220,37 @@ def prefill_time(config: ModelConfig, device, tokens: int, mfu: float = 0.5) -> 
     return prefill_flops(config, tokens) / (mfu * dev.peak_flops)
 
 
+def attention_flops(*, n_layers: int, width: int, context: float) -> float:
+    """FLOPs of one position's attention over ``context`` cached positions: 4 * L * width * context
+    (``docs/roofline.md#flops-per-token``).
+
+    Per layer the scores q . k and the weighted sum of the values are each ``width * context``
+    multiply-adds (2 FLOPs each), ``width`` being the query heads' width n_h * d_head
+    (``ModelConfig.attention_width``), not d_model. The term that ``decode_step_flops`` adds per
+    sequence to the weights' 2 * N_matmul, and what ``step_time_bound`` takes as
+    ``attention_flops_per_sequence``.
+
+    Args (keyword-only): n_layers (int > 0), width (int > 0), context (positions > 0, may be
+        fractional: an average). Returns: an int for an int ``context``, else a float.
+    Raises: ValueError naming the argument for a non-positive size."""
+    L = positive_integer("n_layers", n_layers)
+    w = positive_integer("width", width)
+    c = positive_number("context", context)
+    return 4 * L * w * c
+
+
 def decode_step_flops(config: ModelConfig, *, batch: int, context: float) -> float:
     """FLOPs of one decode step: 2*N_matmul*batch + 4*L*(n_h*d_head)*batch*context
-    (``docs/roofline.md#decode-step-bound``), n_h*d_head = ``config.attention_width``.
+    (``docs/roofline.md#decode-step-bound``), n_h*d_head = ``config.attention_width``; the
+    second term is ``batch * attention_flops(...)``.
 
     Returns: an int for an int ``context``, else a float. Raises: ValueError for a
     non-ModelConfig, a non-positive ``batch`` or ``context``."""
     config = instance("config", config, ModelConfig)
     b = positive_integer("batch", batch)
     c = positive_number("context", context)
-    return 2 * n_matmul(config) * b + 4 * config.n_layers * config.attention_width * b * c
+    return 2 * n_matmul(config) * b + b * attention_flops(n_layers=config.n_layers,
+                                                          width=config.attention_width, context=c)
 
 
 def decode_step(config: ModelConfig, device, *, batch: int, context: float, weight_bytes: float,
@@ -367,21 +393,29 @@ def kv_bytes_per_sequence(*, n_layers: int, n_kv_heads: int, head_dim: int, cont
 
 
 def step_time_bound(*, weight_bytes: float, n_params: int, batch: int, kv_bytes_per_sequence: float,
-                    bandwidth: float, peak_flops: float, positions_per_sequence: int = 1) -> StepBound:
+                    bandwidth: float, peak_flops: float, positions_per_sequence: int = 1,
+                    attention_flops_per_sequence: float = 0) -> StepBound:
     """Bound on one target-model step, the 70B calculator's simplified form
     (``docs/roofline.md#cost-calculator``):
 
         bytes = weight_bytes + batch * kv_bytes_per_sequence
-        FLOPs = 2 * n_params * batch * positions_per_sequence
+        FLOPs = 2 * n_params * batch * positions_per_sequence + batch * attention_flops_per_sequence
         bound = step_time(bytes, FLOPs, bandwidth, peak_flops)
+
+    With ``attention_flops_per_sequence = 0`` (the default) the FLOPs are the weights' alone, the
+    calculator's form; passing ``attention_flops(n_layers=, width=, context=)`` (4 * L * width *
+    context for one scored position) gives the decode-step formula of
+    ``docs/roofline.md#decode-step-bound``, attention included.
 
     Args (keyword-only):
         weight_bytes: bytes of the weights. n_params: parameters N. batch: sequences (int > 0).
         kv_bytes_per_sequence: bytes of one sequence's cache; may be 0 (weights-only floor).
         bandwidth: bytes/s (3.0 TB/s -> 3.0e12). peak_flops: FLOP/s (1,000 TFLOP/s -> 1e15).
         positions_per_sequence: positions scored per sequence (gamma + 1 when verifying).
+        attention_flops_per_sequence: attention FLOPs of one sequence in this step (all its scored
+            positions), >= 0.
     Returns: a StepBound (seconds).
-    Raises: ValueError on non-positive sizes (negative KV bytes).
+    Raises: ValueError on non-positive sizes (negative KV bytes or attention FLOPs).
     """
     w = positive_number("weight_bytes", weight_bytes)
     n = positive_number("n_params", n_params)
@@ -390,7 +424,9 @@ def step_time_bound(*, weight_bytes: float, n_params: int, batch: int, kv_bytes_
     bw = positive_number("bandwidth", bandwidth)
     peak = positive_number("peak_flops", peak_flops)
     p = positive_integer("positions_per_sequence", positions_per_sequence)
-    return StepBound.from_terms(bytes_moved=w + b * kv, flops=2 * n * b * p, bandwidth=bw, peak_flops=peak)
+    a = nonnegative_number("attention_flops_per_sequence", attention_flops_per_sequence)
+    return StepBound.from_terms(bytes_moved=w + b * kv, flops=2 * n * b * p + b * a, bandwidth=bw,
+                                peak_flops=peak)
 
 
 def smallest_compute_bound_batch(*, weight_bytes: float, n_params: int, kv_bytes_per_sequence: float,
@@ -420,6 +456,89 @@ def smallest_compute_bound_batch(*, weight_bytes: float, n_params: int, kv_bytes
     while not is_compute(batch):
         batch += 1
     return batch
+
+
+# -- two or more devices: tensor parallelism -------------------------------------------------
+#: Links between the devices of one server, one direction each, rated bounds (not measurements): the
+#: two PCIe links of ``cache.tiers.LINKS`` and NVLink 4 as an H100 SXM has it.
+TP_LINKS: tuple[Link, ...] = (
+    *(link for link in TIER_LINKS if link.name.startswith("host memory over PCIe")),
+    Link("NVLink 4 (H100 SXM)", 450e9, "NVIDIA H100 datasheet: 900 GB/s of NVLink bandwidth per GPU, both "
+         "directions summed (18 links of 50 GB/s): 450 GB/s each way; as of 2026-11"),
+)
+
+
+@dataclass(frozen=True)
+class TensorParallelBound:
+    """One decode step of a model split over ``devices`` devices by tensor parallelism, in seconds.
+
+    ``per_device`` is the roofline bound of one device's share (``step_time_bound`` on 1/devices of
+    the weights, the KV cache and the FLOPs); ``all_reduce_bytes`` is one all-reduce's message (B),
+    ``sent_bytes`` what each device sends over its link in the whole step (B);
+    ``communication_s`` the all-reduces' time; ``bound_s = per_device.bound_s + communication_s``."""
+
+    devices: int
+    per_device: StepBound
+    all_reduce_bytes: float
+    sent_bytes: float
+    communication_s: float
+    bound_s: float
+
+
+def tensor_parallel_step(*, devices: int, weight_bytes: float, n_params: float, batch: int,
+                         kv_bytes_per_sequence: float, n_layers: int, d_model: int, bandwidth: float,
+                         peak_flops: float, link_bandwidth: float, link_latency_s: float = 0.0,
+                         activation_bytes: float = 2, attention_flops_per_sequence: float = 0
+                         ) -> TensorParallelBound:
+    """Bound on one decode step of a model split over ``devices`` identical devices by tensor
+    parallelism (``docs/roofline.md#tensor-parallelism``):
+
+        per device     = step_time_bound(weights / n, N / n, batch, KV / n, attention / n)
+        message        = batch * d_model * activation_bytes            (one all-reduce, bytes)
+        one all-reduce = 2 (n - 1) * link_latency_s + 2 (n - 1) / n * message / link_bandwidth
+        communication  = 2 * n_layers * one all-reduce
+        bound          = per device + communication
+
+    Each device holds 1/n of every weight matrix and of the KV heads, so it reads 1/n of the bytes
+    and does 1/n of the FLOPs. Megatron-LM's split (Shoeybi et al., 2019, arXiv:1909.08053, section 3)
+    needs two all-reduces of the activations per layer in a forward pass: after the attention's output
+    projection and after the MLP's down projection. A ring all-reduce of M bytes over n devices takes
+    2 (n - 1) steps and sends 2 (n - 1) / n * M bytes from each device (Patarasuk and Yuan, J. Parallel
+    Distrib. Comput. 69(2), 2009; the latency-bandwidth cost of Thakur, Rabenseifner and Gropp, Int. J.
+    High Perform. Comput. Appl. 19(1), 2005). The terms add: the next layer needs the all-reduced sum,
+    so within one decode step the communication does not overlap the reads (an assumption; an engine
+    that overlaps them does better). At n = 1 there is no communication and the result equals
+    ``step_time_bound``.
+
+    Args (keyword-only):
+        devices: n, an int >= 1. weight_bytes, n_params, batch, kv_bytes_per_sequence, bandwidth,
+            peak_flops, attention_flops_per_sequence: the whole model's, as ``step_time_bound``
+            (bandwidth and peak_flops are one device's). n_layers, d_model: ints > 0.
+        link_bandwidth: one direction of one device's link, bytes/s (``TP_LINKS``).
+        link_latency_s: seconds per ring step (>= 0; 0 leaves latency out).
+        activation_bytes: bytes of one activation value (2 for bf16).
+    Returns: a TensorParallelBound (seconds, bytes).
+    Raises: ValueError naming the argument on non-positive sizes or a negative latency.
+    """
+    n = positive_integer("devices", devices)
+    L = positive_integer("n_layers", n_layers)
+    d = positive_integer("d_model", d_model)
+    link = positive_number("link_bandwidth", link_bandwidth)
+    alpha = nonnegative_number("link_latency_s", link_latency_s)
+    act = positive_number("activation_bytes", activation_bytes)
+    share = step_time_bound(
+        weight_bytes=positive_number("weight_bytes", weight_bytes) / n,
+        n_params=positive_number("n_params", n_params) / n, batch=batch,
+        kv_bytes_per_sequence=nonnegative_number("kv_bytes_per_sequence", kv_bytes_per_sequence) / n,
+        bandwidth=bandwidth, peak_flops=peak_flops,
+        attention_flops_per_sequence=nonnegative_number("attention_flops_per_sequence",
+                                                        attention_flops_per_sequence) / n)
+    message = batch * d * act
+    all_reduces = 2 * L
+    sent = all_reduces * 2 * (n - 1) / n * message
+    communication = all_reduces * 2 * (n - 1) * alpha + sent / link
+    return TensorParallelBound(devices=n, per_device=share, all_reduce_bytes=message, sent_bytes=sent,
+                               communication_s=communication, bound_s=share.bound_s + communication)
 
 
 # -- arithmetic intensity ------------------------------------------------------------------

@@ -253,3 +253,75 @@ def test_mask_of_the_wrong_width_is_refused(model):
     ids, mask = left_pad(prompts(model, (2, 5)))
     with pytest.raises(ValueError, match=r"attention_mask must be \(B, S\)"):
         model(ids, positions_from_mask(mask), model.new_cache(2, 8), attention_mask=mask[:, 1:])
+
+
+# -- the Lab 6 measurements of course_lib.batching, on the toy decoder ----------------------------------
+def test_batch_sweep_sets_both_bounds_beside_the_measured_step(model):
+    """By hand, with a made-up roof of 1 GB/s and 1 GFLOP/s: the toy decoder holds 3,033,344 float32
+    parameters (12,133,376 B); a row caches 2 * 4 layers * 2 KV heads * 32 * 4 B = 2,048 B and its attention
+    does 4 * 4 layers * 256 = 4,096 FLOPs per position of context (the longest prompt + new_tokens // 2)."""
+    from course_lib.batching import batch_sweep
+    from course_lib.roofline import MeasuredRoof
+
+    table = batch_sweep(model, prompts(model, (5, 7)), MeasuredRoof(bandwidth=1e9, peak_flops=1e9),
+                        batches=(1, 2), new_tokens=2, progress=False)
+    w, flops = 12_133_376, 2 * 3_033_344
+    # B = 1, context 6: weights max(12,133,376 B, 6,066,688 FLOP); with attention 12,133,376 + 2,048 * 6 B
+    # B = 2, context 8: weights 12,133,376 B = 12,133,376 FLOP; with attention 2 * 6,066,688 + 2 * 4,096 * 8
+    #   = 12,198,912 FLOP against 12,133,376 + 2 * 2,048 * 8 = 12,166,144 B: compute binds
+    assert table.weights_bound_s.tolist() == pytest.approx([w / 1e9, 2 * flops / 1e9], rel=1e-12)
+    assert table.predicted_step_s.tolist() == pytest.approx([(w + 2048 * 6) / 1e9, 12_198_912 / 1e9], rel=1e-12)
+    assert table.binding.tolist() == ["memory", "compute"]
+    assert table.measured_over_predicted.tolist() == pytest.approx(
+        (table.decode_step_s / table.predicted_step_s).tolist())
+
+
+def test_padding_divergence_in_invariant_mode_is_the_solo_run_bit_for_bit(model):
+    from course_lib.batching import REPORT_KEYS, padding_divergence
+
+    prompt, filler = prompts(model, (6, 20), seed=3)
+    with model.batch_invariant_mode():
+        table = padding_divergence(model, prompt, filler, pads=(0, 9), new_tokens=3)
+    assert list(table.columns) == ["pads", *REPORT_KEYS] and table.pads.tolist() == [0, 9]
+    assert table.tokens_equal.all() and table.first_difference.isna().all()
+    assert (table.max_logit_difference == 0).all() and (table.compared_steps == 3).all()
+    assert table.attrs["batch_invariant"] is True and table.attrs["new_tokens"] == 3
+
+
+def test_padding_divergence_default_kernels_stay_within_float32_rounding(model):
+    from course_lib.batching import padding_divergence
+
+    prompt, filler = prompts(model, (6, 20), seed=3)
+    table = padding_divergence(model, prompt, filler, pads=(0, 9), new_tokens=4)
+    assert (table.max_logit_difference < ATOL).all() and table.attrs["batch_invariant"] is False
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(pads=(0, 20)), "filler holds 20 tokens"), (dict(pads=(-1,)), "pads"), (dict(pads=()), "pads"),
+    (dict(new_tokens=0), "new_tokens"), (dict(prompt=torch.ones(2, 3, dtype=torch.int64)), "prompt"),
+    (dict(filler=torch.ones(30)), "filler"), (dict(filler=torch.ones(30, dtype=torch.int64).to("meta")), "filler"),
+])
+def test_padding_divergence_refuses_bad_arguments(model, change, match):
+    from course_lib.batching import padding_divergence
+
+    prompt, filler = prompts(model, (6, 20), seed=3)
+    kwargs = {**dict(prompt=prompt, filler=filler, pads=(0,), new_tokens=2), **change}
+    with pytest.raises(ValueError, match=match):
+        padding_divergence(model, **kwargs)
+
+
+def test_context_sweep_times_a_step_over_a_random_cache_against_both_bounds(model):
+    """Toy decoder, 2 rows, made-up roof of 1 GB/s and 1 GFLOP/s: the weights alone bound the step at
+    12,133,376 B = 2 * 2 * 3,033,344 FLOP (12.133376 ms); with attention compute binds at
+    (12,133,376 + 2 * 4,096 * context) FLOP (the cache adds only 2 * 2,048 * context bytes)."""
+    from course_lib.batching import context_sweep
+    from course_lib.roofline import MeasuredRoof
+
+    table = context_sweep(model, MeasuredRoof(bandwidth=1e9, peak_flops=1e9), batch=2, contexts=(4, 16),
+                          warmup=0, repeats=1)
+    assert table.context.tolist() == [4, 16] and table.attrs["batch"] == 2
+    assert table.weights_bound_s.tolist() == pytest.approx([12_133_376 / 1e9] * 2, rel=1e-12)
+    assert table.predicted_step_s.tolist() == pytest.approx([12_166_144 / 1e9, 12_264_448 / 1e9], rel=1e-12)
+    assert (table.binding == "compute").all() and (table.decode_step_s > 0).all()
+    with pytest.raises(ValueError, match="contexts"):
+        context_sweep(model, MeasuredRoof(bandwidth=1e9, peak_flops=1e9), contexts=(model.config.max_seq_len,))

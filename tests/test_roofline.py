@@ -14,6 +14,7 @@ from course_lib import hardware, roofline
 from course_lib.hardware import DEVICES, REFERENCE_DEVICES, Device
 from course_lib.models import ModelConfig, smollm2_135m_config
 from course_lib.roofline import (
+    attention_flops,
     CASE_WEIGHT_BYTES, capacity_table, case_model, decode_attention_intensity, decode_step, decode_step_bound,
     decode_step_flops, gemm_intensity, gemv_intensity, kv_bytes_per_sequence, kv_bytes_per_token, n_matmul,
     prefill_flops, prefill_time, requests_that_fit, serving_file_bytes, smallest_compute_bound_batch, step_time, step_time_bound,
@@ -84,6 +85,34 @@ def test_device_validation(field, kwargs):
 def test_from_datasheet_names_the_datasheet_argument(argument, figures):
     with pytest.raises(ValueError, match=argument):
         Device.from_datasheet("x", *figures)
+
+
+def test_from_datasheet_reads_gib_capacity_and_sparse_peaks():
+    # 24 GiB = 24 * 2**30 = 25,769,803,776 bytes = 25.77 GB; a peak quoted with 2:4 sparsity is twice the dense one
+    gib = Device.from_datasheet("x", 24, 1.0, 165, capacity_unit="GiB")
+    assert gib.memory == 25_769_803_776 and round(gib.memory / 1e9, 2) == 25.77
+    assert Device.from_datasheet("x", 24, 1.0, 165, capacity_unit="GB").memory == 24e9
+    h100 = Device.from_datasheet("H100 SXM", 80, 3.35, 1979, sparse=True)
+    assert h100.peak_flops == 989.5e12
+    assert Device.from_datasheet("x", 80, 3.35, 67, sparse=False).peak_flops == 67e12
+
+
+def test_h100_peaks_per_precision_and_their_ridge_points():
+    dense = {p: Device.from_datasheet(p, 80, 3.35, tflops, sparse=sparse).peak_flops
+             for p, tflops, sparse in hardware.H100_SXM_PEAKS}
+    assert dense == {"FP32": 67e12, "TF32 tensor core": 494.5e12, "BF16 tensor core": 989.5e12,
+                     "FP8 tensor core": 1979e12}
+    # ridge = dense peak / 3.35e12 B/s: FP32 20.0, BF16 295.4, FP8 590.7 FLOP/byte
+    assert [round(v / 3.35e12, 1) for v in dense.values()] == [20.0, 147.6, 295.4, 590.7]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(capacity_unit="TB"), "capacity_unit"), (dict(capacity_unit="gib"), "capacity_unit"),
+    (dict(sparse="yes"), "sparse"), (dict(sparse=1), "sparse"),
+])
+def test_from_datasheet_refuses_unknown_readings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Device.from_datasheet("x", 24, 1.0, 165, **kwargs)
 
 
 def test_get_device_by_name_and_unknown():
@@ -405,6 +434,85 @@ def test_calculator_errors():
         kv_bytes_per_sequence(n_layers=80, n_kv_heads=8, head_dim=128, context=0)
     with pytest.raises(ValueError, match="verification_ratio"):
         speculative_speedup(0.5, 3, verification_ratio=0)
+
+
+def test_attention_flops_by_hand():
+    # docs/roofline.md#flops-per-token: 4 * 28 * 2048 * 4096 = 939,524,096 (Qwen3-0.6B-shaped, context 4,096)
+    assert attention_flops(n_layers=28, width=2048, context=4096) == 939_524_096
+    assert decode_step_flops(QWEN3_SHAPED, batch=3, context=4096) == 3 * (2 * QWEN3_N_MATMUL + 939_524_096)
+    for name, kwargs in (("n_layers", dict(n_layers=0, width=1, context=1)),
+                         ("width", dict(n_layers=1, width=-2, context=1)),
+                         ("context", dict(n_layers=1, width=1, context=0))):
+        with pytest.raises(ValueError, match=name):
+            attention_flops(**kwargs)
+
+
+def test_step_time_bound_with_attention_flops():
+    # 70B bf16, batch 32, 2,048 positions: attention 4 * 80 * 8192 * 2048 = 5,368,709,120 FLOPs per sequence;
+    # compute (2 * 70e9 * 32 + 32 * 5,368,709,120) / 1e15 = 4.65179869184 ms; memory unchanged (53.825 ms)
+    w = weight_bytes_for_format(N_70B, "bf16")
+    a = attention_flops(n_layers=80, width=8192, context=2048)
+    assert a == 5_368_709_120
+    s = step_time_bound(weight_bytes=w, **BF16_70B, batch=32, kv_bytes_per_sequence=671_088_640,
+                        attention_flops_per_sequence=a)
+    assert s.compute_s == pytest.approx(4.65179869184e-3, rel=1e-12)
+    assert round(s.bound_s * 1e3, 3) == 53.825 and s.binding == "memory"
+    assert s.flops == 2 * N_70B * 32 + 32 * a
+    with pytest.raises(ValueError, match="attention_flops_per_sequence"):
+        step_time_bound(weight_bytes=w, **BF16_70B, batch=1, kv_bytes_per_sequence=0, attention_flops_per_sequence=-1)
+
+
+TP_70B = dict(weight_bytes=140e9, n_params=N_70B, batch=1, kv_bytes_per_sequence=0, n_layers=80, d_model=8192,
+              bandwidth=BW_70B, peak_flops=PEAK_70B)
+
+
+def test_tensor_parallel_one_device_is_the_single_device_bound():
+    one = roofline.tensor_parallel_step(devices=1, **TP_70B, link_bandwidth=450e9, link_latency_s=1e-6)
+    assert one.communication_s == 0 and one.sent_bytes == 0
+    assert one.bound_s == step_time_bound(weight_bytes=140e9, **BF16_70B, batch=1,
+                                          kv_bytes_per_sequence=0).bound_s   # 46.667 ms
+
+
+def test_tensor_parallel_step_by_hand():
+    # two devices, 450 GB/s each way, no latency: each reads 70 GB at 3 TB/s = 23.333 ms; one all-reduce holds
+    # 1 * 8192 * 2 = 16,384 B; 160 all-reduces each send 2 * (1/2) * 16,384 B: 2,621,440 B / 450e9 = 5.8254 us
+    two = roofline.tensor_parallel_step(devices=2, **TP_70B, link_bandwidth=450e9)
+    assert two.all_reduce_bytes == 16_384 and two.sent_bytes == 2_621_440
+    assert two.per_device.bound_s == pytest.approx(70e9 / 3e12, rel=1e-12)
+    assert two.communication_s == pytest.approx(2_621_440 / 450e9, rel=1e-12)
+    assert two.bound_s == pytest.approx(70e9 / 3e12 + 2_621_440 / 450e9, rel=1e-12)
+    # eight devices, 1 us per ring step: 160 * 14 * 1e-6 = 2.24 ms of latency, 160 * 2 * 7/8 * 16,384 =
+    # 4,587,520 B sent, 17.5 GB read per device: 5.8333 + 2.24 + 0.0101945 = 8.0836 ms
+    eight = roofline.tensor_parallel_step(devices=8, **TP_70B, link_bandwidth=450e9, link_latency_s=1e-6)
+    assert eight.sent_bytes == 4_587_520
+    assert eight.bound_s == pytest.approx(17.5e9 / 3e12 + 2.24e-3 + 4_587_520 / 450e9, rel=1e-12)
+
+
+def test_tensor_parallel_splits_kv_and_attention_too():
+    # batch 4 with 1 GB of cache and 1 TFLOP of attention per sequence, over 4 devices: each reads
+    # (140 + 4 * 1) / 4 GB and does (2 * 70e9 * 4 + 4e12) / 4 FLOPs
+    four = roofline.tensor_parallel_step(devices=4, **{**TP_70B, "batch": 4, "kv_bytes_per_sequence": 1e9},
+                                         attention_flops_per_sequence=1e12, link_bandwidth=64e9)
+    assert four.per_device.bytes_moved == pytest.approx(36e9, rel=1e-12)
+    assert four.per_device.flops == pytest.approx(1.14e12, rel=1e-12)
+    assert four.all_reduce_bytes == 4 * 8192 * 2
+
+
+def test_tp_links_are_one_direction_rated_bounds():
+    by_name = {link.name: link.bandwidth for link in roofline.TP_LINKS}
+    assert by_name == {"host memory over PCIe 4.0 x16": 32e9, "host memory over PCIe 5.0 x16": 64e9,
+                       "NVLink 4 (H100 SXM)": 450e9}
+
+
+@pytest.mark.parametrize("name, override", [
+    ("devices", dict(devices=0)), ("link_latency_s", dict(link_latency_s=-1e-6)), ("d_model", dict(d_model=0)),
+    ("link_bandwidth", dict(link_bandwidth=0)), ("n_layers", dict(n_layers=1.5)),
+    ("weight_bytes", dict(weight_bytes=0)), ("kv_bytes_per_sequence", dict(kv_bytes_per_sequence=-1)),
+])
+def test_tensor_parallel_errors_name_the_argument(name, override):
+    kwargs = {**TP_70B, "devices": 2, "link_bandwidth": 450e9, **override}
+    with pytest.raises(ValueError, match=name):
+        roofline.tensor_parallel_step(**kwargs)
 
 
 # -- arithmetic intensity ------------------------------------------------------------------

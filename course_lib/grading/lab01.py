@@ -543,7 +543,7 @@ CONTRACTS = (
              references=("course_lib.roofline.prefill_time", "course_lib.roofline.prefill_flops")),
     Contract("test_decode_step_bound", check_decode_step_bound, ("decode_step_bound",),
              references=("course_lib.roofline.decode_step_bound", "course_lib.roofline.decode_step",
-                         "course_lib.roofline.decode_step_flops")),
+                         "course_lib.roofline.decode_step_flops", "course_lib.roofline.attention_flops")),
     Contract("test_gemv_intensity", check_gemv_intensity, ("gemv_intensity",),
              references=("course_lib.roofline.gemv_intensity", "course_lib.roofline.gemm_intensity")),
     Contract("test_gemm_intensity", check_gemm_intensity, ("gemm_intensity",),
