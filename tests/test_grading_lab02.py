@@ -320,3 +320,49 @@ def test_paged_context_policy_accepts_the_boundary_and_names_a_cache_that_grows(
 
     with pytest.raises(ContractError, match="fits, but paged_append raised ValueError"):
         lab02.check_paged(off_by_one, ref.paged_read, seed=0)
+
+
+def test_paged_context_policy_names_the_newcomers_variants():
+    """Found by a newcomer: an append that starts below the limit and crosses it, a refusal only once the
+    sequence already sits on the limit, a position-by-position refusal after a partial write, a pool with
+    no limit (max_seq_len None), and another exception type than ValueError."""
+    def no_policy(pool, seq, k, v):
+        saved, pool.max_seq_len = pool.max_seq_len, None
+        try:
+            ref.paged_append(pool, seq, k, v)
+        finally:
+            pool.max_seq_len = saved
+
+    def only_at_the_limit(pool, seq, k, v):
+        if pool.max_seq_len is not None and seq.length >= pool.max_seq_len:
+            raise ValueError("full")
+        no_policy(pool, seq, k, v)
+
+    with pytest.raises(ContractError, match="not only one that starts on it"):
+        lab02.check_paged(only_at_the_limit, ref.paged_read, seed=0)
+
+    def position_by_position(pool, seq, k, v):
+        for i in range(k.shape[0]):
+            if pool.max_seq_len is not None and seq.length + 1 > pool.max_seq_len:
+                raise ValueError("full")
+            no_policy(pool, seq, k[i:i + 1], v[i:i + 1])
+
+    with pytest.raises(ContractError, match="changed the sequence or the pool first"):
+        lab02.check_paged(position_by_position, ref.paged_read, seed=0)
+
+    def none_unhandled(pool, seq, k, v):
+        if seq.length + k.shape[0] > pool.max_seq_len:      # TypeError when the pool sets no limit
+            raise ValueError("full")
+        no_policy(pool, seq, k, v)
+
+    with pytest.raises(TypeError):
+        lab02.check_paged(none_unhandled, ref.paged_read, seed=0, cases=2)
+
+    def index_error(pool, seq, k, v):
+        if pool.max_seq_len is not None and seq.length + k.shape[0] > pool.max_seq_len:
+            raise IndexError("past the context")
+        no_policy(pool, seq, k, v)
+
+    with pytest.raises(ContractError, match="raised IndexError: past the context; past the context paged_append "
+                                            "must raise ValueError"):
+        lab02.check_paged(index_error, ref.paged_read, seed=0)

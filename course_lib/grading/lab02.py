@@ -34,7 +34,7 @@ from ..models.online_softmax import initial_state
 from ..models.rope import apply_rope
 from ..validation import instance
 from .contracts import (ContractError, call_on_copies, check_bytes, check_close, check_int_list, check_logits_close,
-                        check_own_function, check_tensor, diagnose, with_diagnosis)
+                        check_own_function, check_tensor, diagnose, is_grader_error, with_diagnosis)
 from .kernel_checks import launch_case, raise_if_bfloat16_arithmetic
 from .tables import Contract, Edit, Fault, Probe, Writes, check_tables
 
@@ -840,10 +840,34 @@ def check_suffix_scores(fn: Callable, seed: int = 0, model: Decoder | None = Non
 
 
 # -- paged KV cache ---------------------------------------------------------------------------
+def _refused(what: str, append_fn: Callable, pool, seq, k, v) -> bool:
+    """Call append_fn(pool, seq, k, v) for an append past the context: True when it raised ValueError after
+    changing neither the sequence nor the pool, False when it returned; any other exception, or a refusal
+    after a write, is a ContractError saying what the policy asks."""
+    before = (list(seq.block_table), seq.length, list(pool.ref_counts), list(pool.free_block_ids),
+              pool.k.clone(), pool.v.clone())
+    try:
+        append_fn(pool, seq, k, v)
+    except ValueError:
+        after = (list(seq.block_table), seq.length, list(pool.ref_counts), list(pool.free_block_ids))
+        if after != tuple(before[:4]) or not (torch.equal(pool.k, before[4]) and torch.equal(pool.v, before[5])):
+            raise ContractError(f"{what} raised ValueError but changed the sequence or the pool first (check "
+                                "the length the whole append would reach before allocating or writing "
+                                "anything)") from None
+        return True
+    except Exception as err:  # noqa: BLE001  (the learner's own exception, named)
+        if is_grader_error(err):
+            raise
+        raise ContractError(f"{what} raised {type(err).__name__}: {err}; past the context paged_append must "
+                            "raise ValueError (or a subclass of it)") from None
+    return False
+
+
 def _check_paged_context(append_fn: Callable, rng: random.Random, gen: torch.Generator) -> None:
-    """A sequence filled to exactly its pool's max_seq_len (the last append ends on it and must be accepted),
-    then asked for more: append_fn must raise ValueError and change neither the sequence nor the pool (the
-    reference ``PagedKVCache.append`` raises ContextLengthError, a ValueError, before writing)."""
+    """A sequence in a pool with max_seq_len: an append that starts below the limit and would cross it must
+    raise ValueError and change nothing; the append that ends exactly on the limit is accepted; one more
+    append from the limit must raise ValueError and change nothing (the reference ``PagedKVCache.append``
+    raises ContextLengthError, a ValueError, before writing)."""
     from ..cache.paged import PagedSequence
 
     bs, n_kv, D = rng.choice([4, 5]), rng.choice([1, 2]), 4
@@ -851,10 +875,16 @@ def _check_paged_context(append_fn: Callable, rng: random.Random, gen: torch.Gen
     first, more = rng.randint(1, limit - 1), rng.randint(1, bs + 1)
     kv = lambda n: (torch.randn(n, n_kv, D, generator=gen), torch.randn(n, n_kv, D, generator=gen))  # noqa: E731
     (k1, v1), (k2, v2), (k3, v3) = kv(first), kv(limit - first), kv(more)
+    kx, vx = kv(limit - first + more)
     pool = BlockPool(16, bs, n_kv, D, max_seq_len=limit)
     seq = PagedSequence()
     label = f"context case: pool.max_seq_len {limit}, block_size {bs}"
     append_fn(pool, seq, k1.clone(), v1.clone())
+    crossing = f"{label}: paged_append of {limit - first + more} positions to a sequence of {first}"
+    if not _refused(crossing, append_fn, pool, seq, kx.clone(), vx.clone()):
+        raise ContractError(f"{crossing} returned, and the cache grew past its context: seq.length is now "
+                            f"{seq.length!r}, past max_seq_len {limit}. Refuse an append that would cross the limit, "
+                            "not only one that starts on it (raise ValueError before writing anything)")
     try:
         append_fn(pool, seq, k2.clone(), v2.clone())
     except ValueError as err:
@@ -863,20 +893,12 @@ def _check_paged_context(append_fn: Callable, rng: random.Random, gen: torch.Gen
     if seq.length != limit:
         raise ContractError(f"{label}: after appends of {first} and {limit - first} positions seq.length should be "
                             f"{limit}, got {seq.length!r}")
-    before = (list(seq.block_table), seq.length, list(pool.ref_counts), list(pool.free_block_ids),
-              pool.k.clone(), pool.v.clone())
     what = f"{label}: paged_append of {more} more positions to a sequence of {limit}"
-    try:
-        append_fn(pool, seq, k3.clone(), v3.clone())
-    except ValueError:
-        after = (list(seq.block_table), seq.length, list(pool.ref_counts), list(pool.free_block_ids))
-        if after != tuple(before[:4]) or not (torch.equal(pool.k, before[4]) and torch.equal(pool.v, before[5])):
-            raise ContractError(f"{what} raised ValueError but changed the sequence or the pool first (check "
-                                "the length before allocating or writing anything)") from None
-        return
-    raise ContractError(f"{what} returned, and the cache grew past its context: seq.length is now {seq.length!r}, "
-                        f"past max_seq_len {limit}. Past the context the policy is to refuse: raise ValueError "
-                        "before writing anything (the model has no position to give the new tokens)")
+    if not _refused(what, append_fn, pool, seq, k3.clone(), v3.clone()):
+        raise ContractError(f"{what} returned, and the cache grew past its context: seq.length is now "
+                            f"{seq.length!r}, past max_seq_len {limit}. Past the context the policy is to refuse: "
+                            "raise ValueError before writing anything (the model has no position to give the new "
+                            "tokens)")
 
 
 def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: int = 2) -> None:
@@ -886,7 +908,8 @@ def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: in
     filled block is copied on write by whichever sequence appends first, the other sequence's
     data never changes, and the pool ends with the reference's ref counts and free blocks.
     Past the context (an append that would take seq.length past pool.max_seq_len) append_fn
-    raises ValueError and changes nothing; an append that ends exactly on it fits."""
+    raises ValueError and changes nothing; an append that ends exactly on it fits; a pool whose
+    max_seq_len is None sets no limit (odd cases)."""
     check_own_function("paged_append", append_fn)
     check_own_function("paged_read", read_fn)
     from ..cache.paged import BlockPool, PagedKVCache, PagedSequence
@@ -899,7 +922,9 @@ def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: in
         extra_a, extra_b = rng.randint(1, 2 * bs), rng.randint(1, 2 * bs)
         kv = lambda n: (torch.randn(n, n_kv, D, generator=gen), torch.randn(n, n_kv, D, generator=gen))  # noqa: E731
         prefix, tail_b, tail_a = kv(P), kv(extra_b), kv(extra_a)
-        label = f"case {case}: block_size {bs}, prefix {P} positions, then {extra_b} and {extra_a} more"
+        limit = None if case % 2 else 64 * bs        # None: the pool sets no limit of its own
+        label = (f"case {case}: block_size {bs}, prefix {P} positions, then {extra_b} and {extra_a} more, "
+                 f"pool.max_seq_len {limit}")
         cut = rng.randint(1, P - 1)                                  # the prefix arrives in two appends
 
         def replay(pool, append, fork):
@@ -912,12 +937,12 @@ def check_paged(append_fn: Callable, read_fn: Callable, seed: int = 0, cases: in
             append(pool, b, tail_b[0].clone(), tail_b[1].clone())
             return a, b, a_table_before
 
-        ref_pool = BlockPool(64, bs, n_kv, D, max_seq_len=64 * bs)
+        ref_pool = BlockPool(64, bs, n_kv, D, max_seq_len=limit)
         ref_cache = PagedKVCache(ref_pool)
         ref_a, _, _ = replay(ref_pool, lambda p, s, k, v: ref_cache.append(s, k, v), ref_cache.fork)
         ref_cache.append(ref_a, *tail_a)
 
-        pool = BlockPool(64, bs, n_kv, D, max_seq_len=64 * bs)
+        pool = BlockPool(64, bs, n_kv, D, max_seq_len=limit)
         helper = PagedKVCache(pool)
         a, b, a_table = replay(pool, append_fn, helper.fork)
 
