@@ -244,3 +244,32 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0)
         raise ValueError(f"positions has {positions.shape[-1]} entries for T={T} vectors")
     cos, sin = rope_cos_sin(positions, D, theta, batch=B)
     return rotate_pairs(x, cos, sin)
+
+
+#: The long-context scalings by name (Lab 2's explorer and table): none, position interpolation, NTK-aware
+#: base change, YaRN.
+SCALINGS: tuple[str, ...] = ("none", "linear", "ntk", "yarn")
+#: The pre-training context assumed for YaRN's bands when none is given (positions).
+CONTEXT: int = 2048
+
+
+def scaled_frequencies(n_pairs: int, base: float, scaling: str = "none", factor: float = 1.0,
+                       context: int = CONTEXT) -> torch.Tensor:
+    """omega_i (n_pairs,) float32 of a head of width 2 * n_pairs under SCALING ("none", "linear":
+    ``RopeScaling("linear")``, "ntk": ``ntk_frequencies``, "yarn": ``yarn_frequencies`` with
+    beta_fast 32, beta_slow 1 and pre-training context ``context``), stretched by ``factor``.
+
+    Raises: ValueError for an unknown ``scaling``, a ``factor`` below 1, or arguments the library
+    function refuses."""
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling must be one of {', '.join(SCALINGS)}, got {scaling!r}")
+    if not factor >= 1:
+        raise ValueError(f"factor must be >= 1 (a context stretched by it), got {factor!r}")
+    d = 2 * n_pairs
+    if scaling == "none":
+        return rope_frequencies(d, base)
+    if scaling == "linear":
+        return rope_frequencies(d, base, RopeScaling("linear", float(factor)))
+    if scaling == "ntk":
+        return ntk_frequencies(d, base, factor)
+    return yarn_frequencies(d, base, factor, context)

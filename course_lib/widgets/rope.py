@@ -17,37 +17,7 @@ import math
 
 import torch
 
-from ..models.config import RopeScaling
-from ..models.rope import (ntk_frequencies, rope_frequencies, rotate_pairs, yarn_attention_factor,
-                           yarn_frequencies)
-
-#: The explorer's scaling choices: none, position interpolation, NTK-aware base change, YaRN.
-SCALINGS: tuple[str, ...] = ("none", "linear", "ntk", "yarn")
-#: The pre-training context the explorer assumes for YaRN's bands (positions).
-CONTEXT: int = 2048
-
-
-def scaled_frequencies(n_pairs: int, base: float, scaling: str = "none", factor: float = 1.0,
-                       context: int = CONTEXT) -> torch.Tensor:
-    """omega_i (n_pairs,) float32 of a head of width 2 * n_pairs under SCALING ("none", "linear":
-    ``RopeScaling("linear")``, "ntk": ``ntk_frequencies``, "yarn": ``yarn_frequencies`` with
-    beta_fast 32, beta_slow 1 and pre-training context ``context``), stretched by ``factor``.
-
-    Raises: ValueError for an unknown ``scaling``, a ``factor`` below 1, or arguments the library
-    function refuses."""
-    if scaling not in SCALINGS:
-        raise ValueError(f"scaling must be one of {', '.join(SCALINGS)}, got {scaling!r}")
-    if not factor >= 1:
-        raise ValueError(f"factor must be >= 1 (a context stretched by it), got {factor!r}")
-    d = 2 * n_pairs
-    if scaling == "none":
-        return rope_frequencies(d, base)
-    if scaling == "linear":
-        return rope_frequencies(d, base, RopeScaling("linear", float(factor)))
-    if scaling == "ntk":
-        return ntk_frequencies(d, base, factor)
-    return yarn_frequencies(d, base, factor, context)
-
+from ..models.rope import CONTEXT, SCALINGS, rope_frequencies, rotate_pairs, scaled_frequencies, yarn_attention_factor
 
 def rope_explorer_state(position: int, n_pairs: int, base: float = 10000.0, seed: int = 0,
                         scaling: str = "none", factor: float = 1.0, context: int = CONTEXT) -> dict:
