@@ -288,19 +288,21 @@ def test_tied_embedding_grad_names_overwritten_repeats_and_a_transposed_head():
 
 
 # -- the paged cache past its context (exercise 11) -------------------------------------------------
+def no_policy(pool, seq, k, v):
+    """The solution's append with the pool's limit switched off for the call: a cache with no policy."""
+    saved, pool.max_seq_len = pool.max_seq_len, None
+    try:
+        ref.paged_append(pool, seq, k, v)
+    finally:
+        pool.max_seq_len = saved
+
+
 def test_paged_context_policy_accepts_the_boundary_and_names_a_cache_that_grows():
     """The solution passes every seed's context case (the last append ends exactly on max_seq_len);
     an append that never refuses is named ('grew past its context'); one that refuses only after
     writing, or that refuses the append ending on the boundary, is told so."""
     for seed in range(6):
         lab02.check_paged(ref.paged_append, ref.paged_read, seed=seed, cases=1)
-
-    def no_policy(pool, seq, k, v):
-        saved, pool.max_seq_len = pool.max_seq_len, None
-        try:
-            ref.paged_append(pool, seq, k, v)
-        finally:
-            pool.max_seq_len = saved
 
     with pytest.raises(ContractError, match="the cache grew past its context"):
         lab02.check_paged(no_policy, ref.paged_read, seed=0)
@@ -326,13 +328,6 @@ def test_paged_context_policy_names_the_newcomers_variants():
     """Found by a newcomer: an append that starts below the limit and crosses it, a refusal only once the
     sequence already sits on the limit, a position-by-position refusal after a partial write, a pool with
     no limit (max_seq_len None), and another exception type than ValueError."""
-    def no_policy(pool, seq, k, v):
-        saved, pool.max_seq_len = pool.max_seq_len, None
-        try:
-            ref.paged_append(pool, seq, k, v)
-        finally:
-            pool.max_seq_len = saved
-
     def only_at_the_limit(pool, seq, k, v):
         if pool.max_seq_len is not None and seq.length >= pool.max_seq_len:
             raise ValueError("full")

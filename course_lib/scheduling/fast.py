@@ -34,7 +34,7 @@ import numpy as np
 from .cost import Deployment, iteration_seconds
 from .reference import overrun
 from .step import (CHUNK_BUDGET, MAX_RUNNING, STATIC_BATCH, STATIC_WAIT, RequestTooLargeError, admit_limit,
-                   static_batch)
+                   static_batch, static_head_too_large)
 from .workload import MAX_OUTPUT, Request, RequestRecord
 
 __all__ = ["run_fast"]
@@ -147,11 +147,7 @@ def _serve_static(seqs: list[_Seq], deployment: Deployment, limit: int, check_me
             tl.clock = min(deadline, seqs[nxt].arrival) if nxt < n else deadline
             continue
         if size == 0:
-            s = queue[0]
-            raise RequestTooLargeError(
-                f"a request (arrival {s.arrival:.6g} s, prompt {s.prompt}) needs {s.prompt + MAX_OUTPUT} cached "
-                f"positions but static-checked admits at most {kv_limit} (0.99 * kv_budget / kv_bytes_per_token): "
-                "it can never be served on this deployment")
+            raise static_head_too_large(queue[0].arrival, queue[0].prompt, kv_limit)
         batch = [queue.popleft() for _ in range(size)]
         # one iteration prefills every prompt: chunks (prompt, 0)
         positions = sum(s.prompt for s in batch)

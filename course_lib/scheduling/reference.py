@@ -39,7 +39,8 @@ import numpy as np
 
 from .cost import PROFILES, Deployment, Profile, iteration_time
 from .step import (CHUNK_BUDGET, MAX_RUNNING, STATIC_BATCH, STATIC_WAIT, RequestTooLargeError, StepPlan, admit,
-                   admit_limit, as_plan, chunked_step, evictions, plan_chunks, static_batch)
+                   admit_limit, as_plan, chunked_step, evictions, plan_chunks, static_batch,
+                   static_head_too_large)
 from .workload import MAX_OUTPUT, Request, RequestRecord
 
 __all__ = ["POLICIES", "SWEEP_POLICIES", "run_reference", "run_with_step", "resolve_deployment", "check_policy",
@@ -168,11 +169,7 @@ def _serve_static(reqs: list[_Request], deployment: Deployment, clock: _Clock, c
             clock.now = min(deadline, pending[0].arrival) if pending else deadline
             continue
         if size == 0:
-            r = queue[0]
-            raise RequestTooLargeError(
-                f"a request (arrival {r.arrival:.6g} s, prompt {r.prompt}) needs {r.prompt + MAX_OUTPUT} cached "
-                f"positions but static-checked admits at most {limit} (0.99 * kv_budget / kv_bytes_per_token): it "
-                "can never be served on this deployment")
+            raise static_head_too_large(queue[0].arrival, queue[0].prompt, limit)
         batch = [queue.popleft() for _ in range(size)]
         end = clock.run(iteration_time([], [(r.prompt, 0) for r in batch], deployment))
         for r in batch:   # one iteration prefills every prompt; each emits its first token

@@ -153,6 +153,15 @@ def static_batch(prompts: Sequence[int], *, limit: int | None) -> int:
     return admit(0, [p + MAX_OUTPUT for p in prompts[:STATIC_BATCH]], limit=limit, room=STATIC_BATCH)
 
 
+def static_head_too_large(arrival: float, prompt: int, limit: int) -> RequestTooLargeError:
+    """The error both simulators raise when ``static_batch`` takes 0 requests: the queue head (arriving
+    at ``arrival`` s with a ``prompt``-position prompt) can never fit ``limit`` cached positions."""
+    return RequestTooLargeError(
+        f"a request (arrival {arrival:.6g} s, prompt {prompt}) needs {prompt + MAX_OUTPUT} cached positions but "
+        f"static-checked admits at most {limit} (0.99 * kv_budget / kv_bytes_per_token): it can never be served "
+        "on this deployment")
+
+
 def plan_chunks(remaining: Sequence[int], budget: int | None) -> list[int]:
     """Rule 2, chunk planning: the chunk size of each running request, in admission order.
 
