@@ -126,13 +126,13 @@ test-fast: setup
 # test-lib and test-notebooks run TEST_JOBS pytest workers (pytest-xdist), each computing on one
 # thread (tests/conftest.py; ONE_THREAD for the notebooks' kernels): two workers on two threads each
 # spin against each other. Each test file (a module fixture is built once) and each notebook runs
-# on one worker.
+# on one worker. The 25 slowest tests are listed at the end: where CI's time goes.
 test-lib: setup sandbox
 	@$(MAKE) --no-print-directory hub-proxy || echo "make test-lib: the hub's proxy could not be installed: tests/test_hub_exchange.py will skip and say why"
-	$(BIN)/python -m pytest tests -q -n $(TEST_JOBS) --dist loadfile -p no:cacheprovider
+	$(BIN)/python -m pytest tests -q -n $(TEST_JOBS) --dist loadfile -p no:cacheprovider --durations=25
 
 test-notebooks: setup
-	$(ONE_THREAD) $(NBVAL) -n $(TEST_JOBS) --dist loadfile solutions
+	$(ONE_THREAD) $(NBVAL) -n $(TEST_JOBS) --dist loadfile --durations=10 solutions
 
 # The grading pipeline end to end on every lab's solution (full marks, so every graded cell passed),
 # against expected_scores.csv. The untouched releases run in test-lib (tests/test_notebook_run.py: only
