@@ -191,11 +191,13 @@ def find_notebooks(submissions: Path, lab: str) -> dict[str, Path]:
     return found
 
 
-def compare_submissions(submissions: Path, labs: list[str], release: Path, threshold: float) -> Result:
-    """Compare every pair of learners' exercise cells of each of LABS under SUBMISSIONS
-    (``{learner}/{lab}/{lab}.ipynb``); the starter code is RELEASE/{lab}/{lab}.ipynb's exercise cells
-    (a missing release: no starter code removed, said in ``skipped`` as learner "*"). A notebook that
-    is not readable JSON, or whose exercise code is longer than ``MAX_CHARS``, is skipped (listed)."""
+def compare_submissions(submissions: Path, labs: list[str], release: Path, threshold: float,
+                        learners: dict[str, set[str]] | None = None) -> Result:
+    """Compare every pair of learners' exercise cells (only LEARNERS[lab], when given) of each of LABS under
+    SUBMISSIONS (``{learner}/{lab}/{lab}.ipynb``); the starter code is RELEASE/{lab}/{lab}.ipynb's
+    exercise cells (a missing release: no starter code removed, said in ``skipped`` as learner "*"). A
+    notebook that is not readable JSON, or whose exercise code is longer than ``MAX_CHARS``, is skipped
+    (listed)."""
     pairs, skipped = [], []
     for lab in labs:
         starter = release / lab / f"{lab}.ipynb"
@@ -206,6 +208,8 @@ def compare_submissions(submissions: Path, labs: list[str], release: Path, thres
             skipped.append((lab, "*", f"starter code not removed: cannot read {starter}: {exc}"))
         codes = {}
         for learner, path in find_notebooks(submissions, lab).items():
+            if learners is not None and learner not in learners.get(lab, ()):
+                continue
             try:
                 code = exercise_code(json.loads(path.read_bytes().decode("utf-8")))
             except (OSError, ValueError) as exc:
@@ -220,18 +224,24 @@ def compare_submissions(submissions: Path, labs: list[str], release: Path, thres
     return Result(pairs, skipped, threshold)
 
 
+def csv_text(result: Result) -> str:
+    """RESULT's pairs as CSV text (``COLUMNS``; learner names through ``printable``; ``flagged`` is
+    "yes" or empty)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for p in result.pairs:
+        writer.writerow([p.lab, printable(p.learner_a), printable(p.learner_b), f"{p.similarity:.4f}",
+                         f"{p.similarity_a:.4f}", f"{p.similarity_b:.4f}", p.overlap, "yes" if p.flagged else ""])
+    return out.getvalue()
+
+
 def write_csv(result: Result, path: Path) -> None:
-    """Write RESULT's pairs to PATH (``COLUMNS``; learner names through ``printable``), whole or not
-    at all (a temporary file renamed over it)."""
+    """Write RESULT's pairs to PATH (``csv_text``), whole or not at all (a temporary file renamed over it)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".similarity-", suffix=".csv")
     try:
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as out:
-            writer = csv.writer(out, lineterminator="\n")
-            writer.writerow(COLUMNS)
-            for p in result.pairs:
-                writer.writerow([p.lab, printable(p.learner_a), printable(p.learner_b), f"{p.similarity:.4f}",
-                                 f"{p.similarity_a:.4f}", f"{p.similarity_b:.4f}", p.overlap,
-                                 "yes" if p.flagged else ""])
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(csv_text(result))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
