@@ -18,6 +18,12 @@ REPO = Path(__file__).resolve().parents[1]
 LAB = "01_roofline"
 RELEASE = REPO / "labs"
 
+# the release's signature and docstring (the starter code, boilerplate) of one exercise
+REQUESTS_THAT_FIT = ("def requests_that_fit(config, device, *, weight_bytes, prompt_tokens, output_tokens, "
+                     "overhead_gb=2.5,\n"
+                     "                      kv_bytes_per_value=2):\n"
+                     '    """Full-length requests whose KV cache fits beside the weights and the overhead '
+                     '(int >= 0)."""\n')
 # alice's own Lab 1 answers (written for this test, not taken from the solutions or course_lib)
 ALICE = {
     "count_parameters": '''def count_parameters(config):
@@ -33,10 +39,7 @@ ALICE = {
     head = 0 if config.tie_embeddings else embed
     return int(matmul + embed + head + norms), int(matmul + (embed if config.tie_embeddings else head))
 ''',
-    "requests_that_fit": '''def requests_that_fit(config, device, *, weight_bytes, prompt_tokens, output_tokens, overhead_gb=2.5,
-                      kv_bytes_per_value=2):
-    """Full-length requests whose KV cache fits beside the weights and the overhead (int >= 0)."""
-    spare = device.memory - weight_bytes - overhead_gb * 1e9
+    "requests_that_fit": REQUESTS_THAT_FIT + '''    spare = device.memory - weight_bytes - overhead_gb * 1e9
     if spare <= 0:
         return 0
     tokens_each = prompt_tokens + output_tokens
@@ -63,10 +66,7 @@ BOB = {
     lm_head = 0 if config.tie_embeddings else emb
     return int(mm + emb + lm_head + norm_params), int(mm + (emb if config.tie_embeddings else lm_head))
 ''',
-    "requests_that_fit": '''def requests_that_fit(config, device, *, weight_bytes, prompt_tokens, output_tokens, overhead_gb=2.5,
-                      kv_bytes_per_value=2):
-    """Full-length requests whose KV cache fits beside the weights and the overhead (int >= 0)."""
-    free_bytes = device.memory - weight_bytes - overhead_gb*1e9   # what is left for the cache
+    "requests_that_fit": REQUESTS_THAT_FIT + '''    free_bytes = device.memory - weight_bytes - overhead_gb*1e9
 
     if free_bytes <= 0:
         return 0
@@ -100,10 +100,7 @@ CAROL = {
     total = sum(rows * cols for rows, cols in shapes) + embedding + norm_weights
     return int(total), int(matmul_weights)
 ''',
-    "requests_that_fit": '''def requests_that_fit(config, device, *, weight_bytes, prompt_tokens, output_tokens, overhead_gb=2.5,
-                      kv_bytes_per_value=2):
-    """Full-length requests whose KV cache fits beside the weights and the overhead (int >= 0)."""
-    import math
+    "requests_that_fit": REQUESTS_THAT_FIT + '''    import math
     budget = max(0.0, float(device.memory) - float(weight_bytes) - 1e9 * overhead_gb)
     one_request = (prompt_tokens + output_tokens) * kv_bytes_per_token(config, kv_bytes_per_value)
     return int(math.floor(budget / one_request))

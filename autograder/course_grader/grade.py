@@ -168,8 +168,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(where no fork server can run, or on --cluster workers, grading runs this way by itself)")
     parser.add_argument("--regrade", action="store_true",
                         help="regrade only the --learners/--learner (and --labs) given into the previous run in "
-                             "--work: their rows, gradebook entries, feedback and report.json are replaced, every other "
-                             "learner's left as they are; the previous run's seed unless --seed is given")
+                             "--work: their rows, gradebook entries, feedback and report.json are replaced, every "
+                             "other learner's left as they are; the previous run's seed unless --seed is given")
     parser.add_argument("--no-similarity", action="store_true",
                         help="do not compare the learners' exercise cells (course_grader.similarity); the Makefile's "
                              "sample targets use it: the samples are copies of the solution by construction")
