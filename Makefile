@@ -143,7 +143,8 @@ test-grading-core: setup sandbox
 	  --learners $(CORE_SAMPLES) $(GRADE_ARGS)
 
 test-grading: setup sandbox
-	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --per-test --no-similarity $(GRADE_ARGS)
+	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --per-test --no-similarity \
+	  $(GRADE_ARGS)
 
 # Hostile submissions (autograder/hostile/): cheats, crashes, bombs and escapes graded to their
 # expected scores, with checks that nothing outside the work folder and no other grade changed.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from course_grader import similarity
+from course_grader import similarity, term
 from course_grader.term import TermError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -161,7 +161,7 @@ def test_the_command_writes_every_pair_and_refuses_a_bad_threshold_by_name(submi
         assert field in capsys.readouterr().err and not fresh.exists()
     course.write_text("[similarity]\nthreshold = 0.95\nthreshold_b = 1\n")
     with pytest.raises(TermError, match=r"\[similarity\] has unknown field\(s\) \['threshold_b'\]"):
-        similarity.term_mod.load(course)
+        term.load(course)
 
 
 def test_the_summary_caps_the_printed_pairs():

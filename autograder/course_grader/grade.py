@@ -2,7 +2,7 @@
 """Grade a folder of lab submissions with stock nbgrader, in parallel, into a CSV.
 
     python -m course_grader.grade SUBMISSIONS [--jobs N | --cluster ADDRESS] [--work DIR] [--expected FILE]
-                               [--learners A,B] [--learner NAME] [--labs L] [--per-test] [--root DIR]
+                               [--learners A,B] [--learner NAME] [--labs L] [--regrade] [--per-test] [--root DIR]
                                [--cell-timeout S] [--submission-timeout S] (--help lists the rest)
 
 SUBMISSIONS is laid out like nbgrader's ``submitted`` folder, ``{learner}/{lab}/{lab}.ipynb``. Nothing
@@ -12,7 +12,11 @@ work in it; its ``gradebook.db`` gets every grade, ``feedback/`` the pages), ``s
 small course per submission, where ``nbgrader autograde --student`` runs), ``logs/``, and the tables
 ``grades.csv`` (learner, lab, score, max_score, raw_score, penalty, late, timestamp, deadline, error, seed,
 judge_flags, flags, sandbox; score = raw_score - penalty, course_grader.late),
-``judge_disagreements.csv``, ``timings.csv`` and, with ``--per-test``, ``grades_per_test.csv``.
+``judge_disagreements.csv``, ``timings.csv``, ``similarity.csv`` (pairs of learners whose exercise cells
+are near copies: ``course_grader.similarity``; a flag, never a score), ``run.json`` and, with ``--per-test``,
+``grades_per_test.csv``; beside each feedback page, the instructor's ``report.json`` (``submission_report``).
+``--regrade`` grades only the named learners' rows into the previous run's work folder, in ``regrade/``,
+and replaces just their lines, gradebook entries, pages and reports.
 
 What it defends against: one submission's crash, hang, dead kernel, corrupt or renamed notebook,
 edited graded cells, links to files outside it, or learner id nbgrader cannot use costs only its own
@@ -947,11 +951,16 @@ def cells_table(rows: list[Submission]) -> pd.DataFrame:
     records = []
     for r in sorted(rows, key=lambda r: (r.learner, r.lab)):
         for c in r.cells:
-            score = 0.0 if c["auto_score"] is None else float(c["auto_score"])
-            outcome = c.get("outcome", "") or ("passed" if score >= c["max_score"] else "failed")
+            score, outcome = cell_result(c)
             records.append((printable(r.learner), printable(r.lab), c["cell"], score, c["max_score"], outcome,
                             r.speeds.get(c["cell"], "")))
     return pd.DataFrame(records, columns=["learner", "lab", "cell", "score", "max_score", "outcome", "speed"])
+
+
+def cell_result(cell: dict) -> tuple[float, str]:
+    """(score, outcome) of one of a row's graded cells, as ``cells_table`` describes them."""
+    score = 0.0 if cell["auto_score"] is None else float(cell["auto_score"])
+    return score, cell.get("outcome", "") or ("passed" if score >= cell["max_score"] else "failed")
 
 
 def read_csv_text(path: Path) -> pd.DataFrame:
@@ -1414,9 +1423,7 @@ def submission_report(row: Submission, run: dict, diagnoses: dict[str, str], sim
         digest = hashlib.sha256((row.folder / name).read_bytes()).hexdigest() if row.folder else ""
     except OSError:
         digest = ""
-    tests = [{"name": c["cell"], "points": c["max_score"],
-              "score": 0.0 if c["auto_score"] is None else float(c["auto_score"]),
-              "outcome": c.get("outcome", "") or ("passed" if (c["auto_score"] or 0) >= c["max_score"] else "failed"),
+    tests = [{"name": c["cell"], "points": c["max_score"], **dict(zip(("score", "outcome"), cell_result(c))),
               "diagnosis": diagnoses.get(c["cell"], ""), "seed": row.seed} for c in row.cells]
     others = [n for n in flag_notes(row) if n not in row.reuse]
     return encodable_tree({
