@@ -107,7 +107,7 @@ run: model sandbox
 	  grep -o '\[artifact\][^"\\]*' $(BUILD)/notebooks/$$lab.ipynb | sort -u | sed 's/^/   /' || true; \
 	done
 	$(MAKE) --no-print-directory release
-	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) $(GRADE_ARGS)
+	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --no-similarity $(GRADE_ARGS)
 
 # Under 30 minutes on 2 cores (the target; about 20 min measured from a fresh clone within .ci/run: test-lib 9, nbval 5.4, grading 1.2, browser 2.1, the rest install). The whole fault sweep and the hostile suite (about 11 minutes more)
 # are test-full's; CI (.ci/run) runs make test, then them.
@@ -139,11 +139,12 @@ test-notebooks: setup
 # checks and requires cells fail); test-grading grades every sample, releases and faults included.
 CORE_SAMPLES := solution
 test-grading-core: setup sandbox
-	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --per-test \
+	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --per-test --no-similarity \
 	  --learners $(CORE_SAMPLES) $(GRADE_ARGS)
 
 test-grading: setup sandbox
-	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --per-test $(GRADE_ARGS)
+	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --per-test --no-similarity \
+	  $(GRADE_ARGS)
 
 # Hostile submissions (autograder/hostile/): cheats, crashes, bombs and escapes graded to their
 # expected scores, with checks that nothing outside the work folder and no other grade changed.

@@ -10,6 +10,7 @@ submissions (`--jobs 1`, each nbgrader command forked from the warm process, and
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import re
@@ -299,6 +300,93 @@ def test_a_bad_course_file_is_refused_before_anything_is_written(tmp_path):
                       tmp_path / "course.toml")
     assert done.returncode == 2 and "missing.csv: no such file" in done.stderr, done.stderr
     assert not (tmp_path / "w").exists()
+
+
+def test_each_graded_submission_gets_a_report_and_the_run_a_similarity_csv(pipeline):
+    """report.json beside each feedback page (what a regrade is checked against) and similarity.csv
+    (every pair of graded learners; the tiny lab's one-line answers hold no fingerprint, copydetect's
+    25-character noise threshold, so none is flagged)."""
+    from course_grader import similarity
+
+    work, feedback = pipeline["work1"], pipeline["work1"] / "course" / "feedback"
+    grades = read_grades(work).set_index("learner")
+    pairs = pd.read_csv(work / "similarity.csv", dtype=str, keep_default_na=False)
+    graded = [k for k in EXPECTED_TOTALS if k != "eve"]           # eve's notebook is not JSON: never graded
+    assert list(pairs.columns) == similarity.COLUMNS and len(pairs) == len(graded) * (len(graded) - 1) // 2
+    assert "eve" not in set(pairs["learner_a"]) | set(pairs["learner_b"])
+    assert "0 similar pair(s) of learners" in pipeline["serial"].stdout
+
+    report = json.loads((feedback / "carol" / LAB / "report.json").read_text())
+    seed = int(grades.loc["carol", "seed"])
+    assert report["schema_version"] == 1 and (report["learner"], report["lab"]) == ("carol", LAB)
+    assert [(t["name"], t["points"], t["score"], t["outcome"], t["seed"]) for t in report["tests"]] == [
+        ("test_visible", 1.0, 1.0, "passed", seed), ("test_hidden", 2.0, 0.0, "AssertionError", seed)]
+    assert report["tests"][0]["diagnosis"] == "" and report["tests"][1]["diagnosis"].startswith("AssertionError")
+    notebook = pipeline["submissions"] / "carol" / LAB / f"{LAB}.ipynb"
+    assert report["notebook_sha256"] == hashlib.sha256(notebook.read_bytes()).hexdigest()
+    assert (report["score"], report["run_seed"], report["seed"]) == (1.0, RUN_SEED, seed)
+    assert report["sandbox"] == grades.loc["carol", "sandbox"] and report["course"]["commit"] == "unknown"
+    assert report["versions"]["nbgrader"] == "0.9.6" and report["flags"]["similarity"] == []
+    jack = json.loads((feedback / "jack" / LAB / "report.json").read_text())
+    assert jack["flags"]["late"] is True and jack["penalty"] == pytest.approx(0.3) and jack["late_seconds"] == 3600
+    dave = json.loads((feedback / "dave" / LAB / "report.json").read_text())
+    assert any("no timestamp.txt" in note for note in dave["flags"]["notes"])
+    assert not (feedback / "eve").exists()
+
+
+def test_regrade_replaces_one_learners_rows_and_leaves_the_others_as_they_were(pipeline, tmp_path):
+    """--regrade --learner carol into a copy of the serial run: the previous run's seed, so the same
+    scores and the same report.json; no other learner's table line, gradebook row, feedback page or
+    report changes. Refused, with nothing written, without a previous run or from another root."""
+    driver = load_driver()
+    root, work = pipeline["root"], tmp_path / "work"
+    shutil.copytree(pipeline["work1"], work, symlinks=True)
+    before = snapshot(work)
+    gradebook = work / "course" / "gradebook.db"
+    others = driver.gradebook_rows(gradebook, "carol")
+    common = ["--root", root, "--cell-timeout", CELL_TIMEOUT, "--course", root / "course.toml"]   # no --seed
+    done = run_driver(pipeline["submissions"], "--work", work, "--regrade", "--learner", "carol", "--labs", LAB,
+                      *common)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Regrading 1 submission(s)" in done.stdout and f"run seed {RUN_SEED} " in done.stdout
+    assert [p.name for p in (work / "regrade" / "shards").iterdir()] == ["0000"]     # carol's alone
+    after = snapshot(work)
+    changed = {str(p.relative_to(work)) for p in set(before) | set(after) if before.get(p) != after.get(p)}
+    changed = {c for c in changed if not c.startswith(("regrade/", "logs/"))}
+    assert changed <= {"course/gradebook.db", "timings.csv", f"course/autograded/carol/{LAB}/{LAB}.ipynb",
+                       f"course/feedback/carol/{LAB}/{LAB}.html", f"course/feedback/carol/{LAB}/report.json",
+                       "course/nbgrader_export.csv"}, changed        # grades.csv: the same seed, the same row
+    assert "timings.csv" in changed                                    # carol's line was written anew...
+    old = (pipeline["work1"] / "timings.csv").read_text().splitlines()
+    new = (work / "timings.csv").read_text().splitlines()
+    assert [line for line in new if not line.startswith("carol,")] == \
+        [line for line in old if not line.startswith("carol,")]       # ...and only hers
+    assert driver.gradebook_rows(gradebook, "carol") == others
+    report = work / "course" / "feedback" / "carol" / LAB / "report.json"
+    assert json.loads(report.read_text()) == json.loads((pipeline["work1"] / report.relative_to(work)).read_text())
+
+    shutil.copytree(root / "solutions", tmp_path / "other" / "solutions")
+    for extra, message in ((["--work", tmp_path / "empty"], "--regrade: no previous grading run"),
+                           (["--work", work, "--root", tmp_path / "other"], "--regrade: the run in")):
+        kept = snapshot(work)
+        args = driver.parse_args([str(a) for a in (pipeline["submissions"], "--regrade", "--learner", "carol",
+                                                   *common, *extra)])
+        with pytest.raises(driver.InfrastructureError, match=message):
+            driver.run(args)               # in this process: main() would take over its signals
+        assert snapshot(work) == kept and not (tmp_path / "empty").exists()
+    with pytest.raises(SystemExit):
+        driver.parse_args([str(pipeline["submissions"]), "--work", str(work), "--regrade"])   # whose rows?
+
+
+def test_replace_csv_rows_keeps_every_other_line_byte_for_byte(tmp_path):
+    driver = load_driver()
+    table = tmp_path / "grades.csv"
+    table.write_text('learner,lab,score\nann,01_a,1.0\n"smith, john",01_a,2.50\ncy,01_a,3\n')
+    driver.replace_csv_rows(table, "learner,lab,score\nann,01_a,0.5\ndan,01_a,4.0\n", ("learner", "lab"),
+                            {("ann", "01_a"), ("dan", "01_a")})
+    assert table.read_text() == 'learner,lab,score\nann,01_a,0.5\n"smith, john",01_a,2.50\ncy,01_a,3\ndan,01_a,4.0\n'
+    with pytest.raises(driver.InfrastructureError, match="--regrade: .* has the columns"):
+        driver.replace_csv_rows(table, "learner,lab,total\nann,01_a,1\n", ("learner", "lab"), {("ann", "01_a")})
 
 
 def test_bad_submissions_become_row_errors(pipeline):

@@ -53,6 +53,8 @@ method = "percent_per_day"
 percent_per_day = 10
 cap = 50
 zero_after_days = 7
+[similarity]
+threshold = 0.9
 ''')
     utc = dt.timezone.utc
     assert t.deadlines == {"01_roofline": dt.datetime(2027, 1, 15, 16, 0, tzinfo=utc),
@@ -61,6 +63,7 @@ zero_after_days = 7
     assert t.deadline("bo", "01_roofline") == dt.datetime(2027, 1, 15, 16, 0, tzinfo=utc)
     assert t.deadline("ada", "03_scheduling") is None
     assert t.late_policy == LatePolicy("percent_per_day", 10.0, 50.0, 7)
+    assert t.similarity_threshold == 0.9 and term.Term(tmp_path).similarity_threshold == 0.8   # the default
 
 
 @pytest.mark.parametrize("text, field", [
@@ -83,6 +86,8 @@ zero_after_days = 7
     ('[late_policy]\nmethod = "halve"\n', "[late_policy] method: expected one of none, percent_per_day, zero"),
     ('[late_policy]\nmethod = "percent_per_day"\n', "method percent_per_day needs a percentage above 0"),
     ('[late_policy]\nmethod = "zero"\ngrace = 5\n', "[late_policy] has unknown field(s) ['grace']"),
+    ('[similarity]\nthreshold = 0\n', "[similarity] threshold: expected a number above 0 and at most 1, got 0"),
+    ('[similarity]\nthreshold = "high"\n', "[similarity] threshold: expected a number above 0 and at most 1"),
 ])
 def test_bad_fields_are_refused_by_name(tmp_path, text, field):
     with pytest.raises(TermError) as err:

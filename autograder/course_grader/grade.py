@@ -2,7 +2,7 @@
 """Grade a folder of lab submissions with stock nbgrader, in parallel, into a CSV.
 
     python -m course_grader.grade SUBMISSIONS [--jobs N | --cluster ADDRESS] [--work DIR] [--expected FILE]
-                               [--learners A,B] [--learner NAME] [--labs L] [--per-test] [--root DIR]
+                               [--learners A,B] [--learner NAME] [--labs L] [--regrade] [--per-test] [--root DIR]
                                [--cell-timeout S] [--submission-timeout S] (--help lists the rest)
 
 SUBMISSIONS is laid out like nbgrader's ``submitted`` folder, ``{learner}/{lab}/{lab}.ipynb``. Nothing
@@ -12,7 +12,11 @@ work in it; its ``gradebook.db`` gets every grade, ``feedback/`` the pages), ``s
 small course per submission, where ``nbgrader autograde --student`` runs), ``logs/``, and the tables
 ``grades.csv`` (learner, lab, score, max_score, raw_score, penalty, late, timestamp, deadline, error, seed,
 judge_flags, flags, sandbox; score = raw_score - penalty, course_grader.late),
-``judge_disagreements.csv``, ``timings.csv`` and, with ``--per-test``, ``grades_per_test.csv``.
+``judge_disagreements.csv``, ``timings.csv``, ``similarity.csv`` (pairs of learners whose exercise cells
+are near copies: ``course_grader.similarity``; a flag, never a score), ``run.json`` and, with ``--per-test``,
+``grades_per_test.csv``; beside each feedback page, the instructor's ``report.json`` (``submission_report``).
+``--regrade`` grades only the named learners' rows into the previous run's work folder, in ``regrade/``,
+and replaces just their lines, gradebook entries, pages and reports.
 
 What it defends against: one submission's crash, hang, dead kernel, corrupt or renamed notebook,
 edited graded cells, links to files outside it, or learner id nbgrader cannot use costs only its own
@@ -32,7 +36,9 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import csv
 import datetime as dt
+import hashlib
 import json
 import math
 import os
@@ -56,7 +62,7 @@ from . import term as term_mod
 from .config import WORK_FOLDERS
 from .paths import BASE_CONFIG, REPO_ROOT
 from .term import TermError
-from .text import ANSI, encodable, printable
+from .text import ANSI, encodable, encodable_tree, printable
 
 WORK_MARKER = ".grading-work"  # marks a folder this driver may empty
 NOT_SUBMITTED = "not submitted"  # the error of a (learner, lab) pair with no notebook
@@ -164,7 +170,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "process that imported nbgrader, torch and the checkers once (course_grader.warm): "
                              "about 3.5 s more per submission, the same scores and feedback; for timing comparisons "
                              "(where no fork server can run, or on --cluster workers, grading runs this way by itself)")
+    parser.add_argument("--regrade", action="store_true",
+                        help="regrade only the --learners/--learner (and --labs) given into the previous run in "
+                             "--work: their rows, gradebook entries, feedback and report.json are replaced, every "
+                             "other learner's left as they are; the previous run's seed unless --seed is given")
+    parser.add_argument("--no-similarity", action="store_true",
+                        help="do not compare the learners' exercise cells (course_grader.similarity); the Makefile's "
+                             "sample targets use it: the samples are copies of the solution by construction")
+    parser.add_argument("--similarity-threshold", type=float, default=None, metavar="T",
+                        help="flag pairs of learners whose exercise cells reach this similarity, 0 < T <= 1 (default: "
+                             "the course file's [similarity] threshold, else 0.8); never a score change")
     args = parser.parse_args(argv)
+    if args.regrade and args.learners is None and args.learner is None:
+        parser.error("--regrade needs --learners or --learner: the learners whose rows are regraded")
+    if args.similarity_threshold is not None:
+        try:
+            term_mod.check_threshold(args.similarity_threshold, "--similarity-threshold")
+        except TermError as exc:
+            parser.error(str(exc))
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     if args.cluster is not None and args.jobs != 1:
@@ -179,6 +202,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.root = args.root.resolve()
     args.submissions = args.submissions.resolve()
     args.work = (args.work or args.root / "build" / "grading").resolve()
+    args.seed_given = args.seed is not None   # --regrade takes the previous run's seed otherwise
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(4), "little")
     if args.learners is not None or args.learner is not None:
@@ -830,13 +854,14 @@ FEEDBACK_SECONDS_PER_LEARNER = 20
 
 
 def generate_feedback(course: Path, work: Path, rows: list[Submission], labs: list[str],
-                      env: dict[str, str], run=None) -> None:
+                      env: dict[str, str], run=None, each: bool = False) -> None:
     """Stock `nbgrader generate_feedback LAB` on the merged course; a missing HTML becomes a row error.
 
     One process per lab (nbgrader's start-up is most of a page's cost), given ``FEEDBACK_SECONDS``
     plus ``FEEDBACK_SECONDS_PER_LEARNER`` per graded learner; if it runs out (outputs that take the
     HTML sanitiser minutes), each learner still without a page gets a process of its own
-    (``--student``, ``FEEDBACK_SECONDS``), so one submission costs only its own feedback. RUN
+    (``--student``, ``FEEDBACK_SECONDS``), so one submission costs only its own feedback. EACH
+    (``--regrade``): only the latter, for ROWS' learners, so no other learner's page is rewritten. RUN
     replaces ``run_nbgrader`` in tests."""
     run = run or run_nbgrader
 
@@ -846,10 +871,11 @@ def generate_feedback(course: Path, work: Path, rows: list[Submission], labs: li
     for lab in labs:
         log = work / "logs" / f"feedback_{lab}.log"
         learners = [r for r in rows if r.lab == lab and r.graded]
-        code, _ = run(["generate_feedback", lab], course, log, env,
-                      timeout=FEEDBACK_SECONDS + FEEDBACK_SECONDS_PER_LEARNER * len(learners))
-        if code != -9:
-            continue
+        if not each:
+            code, _ = run(["generate_feedback", lab], course, log, env,
+                          timeout=FEEDBACK_SECONDS + FEEDBACK_SECONDS_PER_LEARNER * len(learners))
+            if code != -9:
+                continue
         for row in learners:
             if missing(row):
                 code, _ = run(["generate_feedback", lab, "--student", row.learner, "--force"], course, log, env,
@@ -925,11 +951,16 @@ def cells_table(rows: list[Submission]) -> pd.DataFrame:
     records = []
     for r in sorted(rows, key=lambda r: (r.learner, r.lab)):
         for c in r.cells:
-            score = 0.0 if c["auto_score"] is None else float(c["auto_score"])
-            outcome = c.get("outcome", "") or ("passed" if score >= c["max_score"] else "failed")
+            score, outcome = cell_result(c)
             records.append((printable(r.learner), printable(r.lab), c["cell"], score, c["max_score"], outcome,
                             r.speeds.get(c["cell"], "")))
     return pd.DataFrame(records, columns=["learner", "lab", "cell", "score", "max_score", "outcome", "speed"])
+
+
+def cell_result(cell: dict) -> tuple[float, str]:
+    """(score, outcome) of one of a row's graded cells, as ``cells_table`` describes them."""
+    score = 0.0 if cell["auto_score"] is None else float(cell["auto_score"])
+    return score, cell.get("outcome", "") or ("passed" if score >= cell["max_score"] else "failed")
 
 
 def read_csv_text(path: Path) -> pd.DataFrame:
@@ -1047,14 +1078,23 @@ def run(args: argparse.Namespace) -> int:
 
 def _grade(args: argparse.Namespace, rows: list[Submission], labs: list[str], sandbox_lines: list[str],
            unsafe: str, cluster, started: float) -> int:
-    prepare_work(args.work, args.root, args.submissions)
+    # --regrade grades in WORK/regrade (emptied) and then replaces only its rows in the previous run's
+    # course, tables and reports; checked before anything is written
+    previous = previous_run(args.work, args.root, labs) if args.regrade else None
+    if previous is not None and not args.seed_given:
+        args.seed = previous["seed"]
+    stage = args.work / REGRADE_FOLDER if previous is not None else args.work
+    if previous is not None:
+        prepare_stage(stage)
+    else:
+        prepare_work(args.work, args.root, args.submissions)
     env = nbgrader_env(args.jobs)
     if not args.cold_start and warm.available():
         warm.start()  # its imports overlap the work below until the first command
 
-    print(f"Preparing {args.work / 'course'} (labs: {', '.join(labs)}; learner code "
+    print(f"Preparing {stage / 'course'} (labs: {', '.join(labs)}; learner code "
           f"{'NOT sandboxed' if unsafe else 'sandboxed with bubblewrap'}) ...", flush=True)
-    course = build_course(args.work, args.root, args.submissions, labs, args.cell_timeout, env, sandbox_lines)
+    course = build_course(stage, args.root, args.submissions, labs, args.cell_timeout, env, sandbox_lines)
     course_id = course_id_of(course / "gradebook.db")
     if args.term.deadlines:
         from nbgrader.api import Gradebook
@@ -1075,25 +1115,46 @@ def _grade(args: argparse.Namespace, rows: list[Submission], labs: list[str], sa
     how = f"on the cluster at {args.cluster}" if cluster is not None else f"with {args.jobs} job(s)"
     processes = "each nbgrader command forked from the warm process" if warm.started() and cluster is None else \
         "each nbgrader command a new process"
-    print(f"Grading {len(todo)} submission(s) {how} ({processes}); {rejected} rejected before grading; "
-          f"hidden-test run seed {args.seed} (replay: --seed {args.seed}).", flush=True)
+    print(f"{'Regrading' if previous is not None else 'Grading'} {len(todo)} submission(s) {how} ({processes}); "
+          f"{rejected} rejected before grading; hidden-test run seed {args.seed} (replay: --seed {args.seed}).",
+          flush=True)
     grade_start = time.monotonic()
-    grade_all(course, args.work, rows, course_id, args.jobs, env, args.submission_timeout, cluster)
+    grade_all(course, stage, rows, course_id, args.jobs, env, args.submission_timeout, cluster)
     grading_seconds = time.monotonic() - grade_start
     if todo and not any(r.graded for r in todo):
         raise InfrastructureError(
             "every submission failed to autograde, which points at the grading set-up rather than the "
-            f"learners; see the logs under {args.work / 'shards'} (first: {todo[0].error})")
+            f"learners; see the logs under {stage / 'shards'} (first: {todo[0].error})")
+    # per lab, the learners graded: this run's, or the previous run's with the regraded rows' outcome
+    args.graded = {lab: set(names) for lab, names in (previous or {}).get("graded", {}).items()}
+    for row in rows:
+        args.graded.setdefault(row.lab, set()).discard(row.learner)
+        if row.graded:
+            args.graded[row.lab].add(row.learner)
 
+    if previous is not None:    # from here on, the previous run's course: only these rows' entries change
+        course = args.work / "course"
+        course_id = course_id_of(course / "gradebook.db")
+        clear_rows(course, stage / "course", rows, course_id)
     merge_into_course(course, rows, course_id, args.term)
     check_merge(course, rows, course_id)
-    generate_feedback(course, args.work, rows, labs, env)
-    code, why = run_nbgrader(["export"], course, args.work / "logs" / "export.log", env)
+    generate_feedback(course, stage, rows, labs, env, each=previous is not None)
+    code, why = run_nbgrader(["export"], course, stage / "logs" / "export.log", env)
     if code != 0:
         raise InfrastructureError(f"nbgrader export failed: {why}")
 
-    totals, cells = write_tables(args.work, rows, unsafe, args.per_test)
-    print_summary(args, rows, totals, cells, course / "feedback")
+    if previous is not None:
+        totals, cells = replace_tables(args.work, rows, unsafe)
+    else:
+        totals, cells = write_tables(args.work, rows, unsafe, args.per_test)
+    similar = compare_similarity(args, course, labs, replace=previous is not None)
+    write_reports(course, rows, run_record(args, unsafe), similar)
+    if previous is None:
+        write_run_file(args, labs, unsafe)
+    else:   # the previous run's record, with the regraded rows' outcome in "graded"
+        record = {**previous, "graded": {lab: sorted(names) for lab, names in sorted(args.graded.items())}}
+        write_atomically(args.work / RUN_FILE, json.dumps(encodable_tree(record), indent=1) + "\n")
+    print_summary(args, rows, totals, cells, course / "feedback", similar)
     if args.roster is not None:
         book = lms.gradebook(lms.read_grades(args.work / "grades.csv"), args.roster)
         lms.write_exports(book, args.roster, args.term, args.work)
@@ -1113,26 +1174,287 @@ def _grade(args: argparse.Namespace, rows: list[Submission], labs: list[str], sa
     return EXIT_OK
 
 
-def write_tables(work: Path, rows: list[Submission], unsafe: str, per_test: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Write WORK/grades.csv, judge_disagreements.csv, timings.csv and, with PER_TEST,
-    grades_per_test.csv; returns the totals and per-cell tables."""
-    totals, cells = totals_table(rows), cells_table(rows)
-    totals["sandbox"] = "NONE (unsafe: --unsafe-no-sandbox)" if unsafe else "bubblewrap"
-    totals.to_csv(work / "grades.csv", index=False)
+def sandbox_label(unsafe: str) -> str:
+    """grades.csv's ``sandbox`` value (and report.json's): how learner code ran."""
+    return "NONE (unsafe: --unsafe-no-sandbox)" if unsafe else "bubblewrap"
+
+
+def result_tables(rows: list[Submission], unsafe: str) -> dict[str, pd.DataFrame]:
+    """The run's tables by file name: grades.csv (totals), grades_per_test.csv (cells),
+    judge_disagreements.csv and timings.csv."""
+    totals = totals_table(rows)
+    totals["sandbox"] = sandbox_label(unsafe)
     flags = pd.DataFrame([f for r in rows for f in r.judge_flags],
                          columns=["learner", "lab", "notebook", "cell", "points", "in_kernel", "judge", "score",
                                   "message"])
     flags["message"] = flags["message"].map(printable)
-    flags.to_csv(work / "judge_disagreements.csv", index=False)
-    timings_table(rows).to_csv(work / "timings.csv", index=False)
-    if per_test:
-        cells.to_csv(work / "grades_per_test.csv", index=False)
-    return totals, cells
+    return {"grades.csv": totals, "grades_per_test.csv": cells_table(rows), "judge_disagreements.csv": flags,
+            "timings.csv": timings_table(rows)}
+
+
+def write_tables(work: Path, rows: list[Submission], unsafe: str, per_test: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Write WORK/grades.csv, judge_disagreements.csv, timings.csv and, with PER_TEST,
+    grades_per_test.csv; returns the totals and per-cell tables."""
+    tables = result_tables(rows, unsafe)
+    for name, table in tables.items():
+        if per_test or name != "grades_per_test.csv":
+            table.to_csv(work / name, index=False)
+    return tables["grades.csv"], tables["grades_per_test.csv"]
+
+
+def replace_tables(work: Path, rows: list[Submission], unsafe: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``--regrade``: in each table of the previous run in WORK (grades.csv, judge_disagreements.csv,
+    timings.csv and grades_per_test.csv where it exists), replace the lines of ROWS' (learner, lab)
+    pairs with theirs (``replace_csv_rows``); every other line stays byte for byte. Returns the
+    regraded rows' totals and per-cell tables."""
+    tables = result_tables(rows, unsafe)
+    keys = {(name(r.learner), name(r.lab)) for r in rows for name in (str, printable)}
+    for file, table in tables.items():
+        if (work / file).exists():
+            replace_csv_rows(work / file, table.to_csv(index=False, lineterminator="\n"), ("learner", "lab"), keys)
+    return tables["grades.csv"], tables["grades_per_test.csv"]
+
+
+def replace_csv_rows(path: Path, fresh: str, columns: tuple[str, ...], keys: set[tuple[str, ...]]) -> None:
+    """Rewrite the CSV at PATH with its lines whose COLUMNS values are one of KEYS replaced by the
+    lines of FRESH (CSV text with the same header) with that key, where the first old line of the
+    key stood (keys PATH lacks: at the end). Every other line is kept as it was, byte for byte (one
+    record per line: the driver writes no newline inside a field, ``printable``). Written whole or
+    not at all.
+
+    Raises:
+        InfrastructureError: FRESH's header differs from PATH's (another driver version wrote it).
+    """
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    new = fresh.splitlines(keepends=True)
+    header = next(csv.reader(lines[:1]), [])
+    if not new or next(csv.reader(new[:1])) != header:
+        raise InfrastructureError(f"--regrade: {path} has the columns {header}, this driver writes "
+                                  f"{next(csv.reader(new[:1]), [])}; grade the whole batch again")
+    where = [header.index(c) for c in columns]
+
+    def key(line: str) -> tuple[str, ...]:
+        fields = next(csv.reader([line]))
+        return tuple(fields[i] for i in where)
+
+    waiting: dict[tuple[str, ...], list[str]] = {}
+    for line in new[1:]:
+        waiting.setdefault(key(line), []).append(line)
+    out = lines[:1]
+    for line in lines[1:]:
+        k = key(line)
+        if k in keys:
+            out += waiting.pop(k, [])          # the replacement, once, where the first old line stood
+        else:
+            out.append(line)
+    out += [line for group in waiting.values() for line in group]
+    write_atomically(path, "".join(out))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write TEXT (UTF-8) to PATH whole or not at all: a temporary file beside it, renamed over it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# --regrade, similarity flags, report.json
+
+RUN_FILE = "run.json"          # in the work folder: what a --regrade checks and reuses
+REGRADE_FOLDER = "regrade"     # WORK/regrade: a regrade's own course and shards, emptied by the next one
+SIMILARITY_CSV = "similarity.csv"
+REPORT = "report.json"         # beside each feedback page
+REPORT_SCHEMA = 1              # report.json's schema_version; raise it when a field changes meaning
+
+
+def write_run_file(args: argparse.Namespace, labs: list[str], unsafe: str) -> None:
+    """WORK/run.json: the course root, SUBMISSIONS, run seed, labs and per lab the learners graded in
+    this run (what ``previous_run`` checks before a ``--regrade``)."""
+    record = {"schema_version": REPORT_SCHEMA, "root": str(args.root), "submissions": str(args.submissions),
+              "seed": args.seed, "labs": sorted(labs),
+              "graded": {lab: sorted(names) for lab, names in sorted(args.graded.items())},
+              "sandbox": sandbox_label(unsafe)}
+    write_atomically(args.work / RUN_FILE, json.dumps(encodable_tree(record), indent=1) + "\n")
+
+
+def previous_run(work: Path, root: Path, labs: list[str]) -> dict:
+    """The run a ``--regrade`` goes into: WORK/run.json, with the grades and course the driver wrote.
+
+    Raises:
+        InfrastructureError: naming --regrade: no finished run of this driver in WORK, one made from
+            another course root, or a lab (of LABS) it did not grade.
+    """
+    record = work / RUN_FILE
+    if not (work / WORK_MARKER).exists() or not record.is_file():
+        raise InfrastructureError(f"--regrade: no previous grading run in {work} to regrade into (run.json missing); "
+                                  "grade the whole batch first, without --regrade")
+    try:
+        previous = json.loads(record.read_text(encoding="utf-8"))
+        seed, before = int(previous["seed"]), Path(previous["root"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InfrastructureError(f"--regrade: cannot read {record}: {exc}") from None
+    if before != root:
+        raise InfrastructureError(f"--regrade: the run in {work} graded the course at {before}, not --root {root}; "
+                                  "regrade with that root, or grade the whole batch again")
+    missing = [p for p in (work / "grades.csv", work / "course" / "gradebook.db") if not p.is_file()]
+    if missing:
+        raise InfrastructureError(f"--regrade: the run in {work} is incomplete ({', '.join(map(str, missing))} "
+                                  "missing); grade the whole batch again")
+    other = sorted(set(labs) - set(previous.get("labs", [])))
+    if other:
+        raise InfrastructureError(f"--regrade: the run in {work} did not grade {', '.join(other)}; grade it "
+                                  "without --regrade (in another --work)")
+    return dict(previous, seed=seed)
+
+
+def prepare_stage(stage: Path) -> None:
+    """Empty (or create) WORK/regrade, a regrade's own work folder."""
+    if stage.exists():
+        shutil.rmtree(stage)
+    (stage / "logs").mkdir(parents=True)
+
+
+def clear_rows(course: Path, fresh: Path, rows: list[Submission], course_id: str) -> None:
+    """``--regrade``: take ROWS' previous entries out of the previous run's COURSE (their gradebook
+    submissions, submitted copies, autograded notebooks and feedback) and copy in their new
+    submissions from the regrade's course FRESH, so that ``merge_into_course`` adds them anew;
+    no other learner's entry is touched."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id) as gb:
+        for row in rows:
+            try:
+                gb.remove_submission(row.lab, row.learner)
+            except MissingEntry:
+                pass
+    for row in rows:
+        for folder in ("submitted", "autograded", "feedback"):
+            target = course / folder / row.learner / row.lab
+            if target.is_dir():
+                shutil.rmtree(target)
+        source = fresh / "submitted" / row.learner / row.lab
+        if source.is_dir():
+            shutil.copytree(source, course / "submitted" / row.learner / row.lab)
+
+
+def compare_similarity(args: argparse.Namespace, course: Path, labs: list[str], replace: bool = False):
+    """Compare the exercise cells of every pair of the learners graded in each of LABS (the copies in
+    COURSE/submitted, the starter code from COURSE/release; ``course_grader.similarity``) and write
+    WORK/similarity.csv, or with REPLACE (``--regrade``) replace those labs' lines in it (the previous
+    run's learners and the regraded ones compared). Returns the ``similarity.Result``, or None with
+    ``--no-similarity`` (or a regrade into a run that had it)."""
+    path = args.work / SIMILARITY_CSV
+    if args.no_similarity or (replace and not path.exists()):
+        return None
+    from . import similarity
+
+    threshold = args.similarity_threshold if args.similarity_threshold is not None else args.term.similarity_threshold
+    result = similarity.compare_submissions(course / "submitted", labs, course / "release", threshold,
+                                            learners=args.graded)
+    if replace:
+        replace_csv_rows(path, similarity.csv_text(result), ("lab",), {(lab,) for lab in labs})
+    else:
+        write_atomically(path, similarity.csv_text(result))
+    return result
+
+
+def git_commit(folder: Path) -> str:
+    """The git commit checked out at FOLDER, with "+modified" when tracked files differ from it;
+    "unknown" outside a git checkout (or without git)."""
+    try:
+        head = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=60)
+        if head.returncode != 0:
+            return "unknown"
+        status = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return head.stdout.strip() + ("+modified" if status.returncode != 0 or status.stdout.strip() else "")
+
+
+def run_record(args: argparse.Namespace, unsafe: str) -> dict:
+    """What every report.json of a run shares: the run seed, the sandbox mode, the course root's and
+    the grader's commits, the grader code's fingerprint and the package versions
+    (``course_grader.cluster.versions``, the set a cluster's workers must match, and course_lib's)."""
+    import course_lib
+
+    from .cluster import code_fingerprint, versions
+
+    return {"run_seed": args.seed, "sandbox": sandbox_label(unsafe),
+            "course": {"root": str(args.root), "commit": git_commit(args.root)},
+            "grader": {"commit": git_commit(REPO_ROOT), "code_fingerprint": code_fingerprint()},
+            "versions": {**versions(), "course_lib": course_lib.__version__, "copydetect": _version("copydetect")}}
+
+
+def _version(distribution: str) -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "missing"
+
+
+def cell_diagnoses(notebook: Path) -> dict[str, str]:
+    """``{grade_id: message}`` of an autograded notebook's graded cells that raised: the whole text of
+    the error the score rests on (the one ``cell_outcomes`` names: the checker's ContractError with its
+    "Diagnosis:" lines, a timeout, a dead kernel), terminal colours removed, at most 4000 characters."""
+    out = {}
+    for cell in _notebook_cells(notebook):
+        grade_id = (cell.get("metadata", {}).get("nbgrader") or {}).get("grade_id")
+        errors = [o for o in cell.get("outputs", []) if isinstance(o, dict) and o.get("output_type") == "error"]
+        if not grade_id or cell.get("cell_type") != "code" or not errors:
+            continue
+        recorded = [o for o in errors if o.get("ename") in ("CellTimeoutError", sandbox.KERNEL_DIED)]
+        error = (recorded or errors)[0]
+        text = f"{error.get('ename', 'Error')}: {error.get('evalue', '')}".rstrip(": ")
+        out[str(grade_id)] = encodable(ANSI.sub("", text))[:4000]
+    return out
+
+
+def submission_report(row: Submission, run: dict, diagnoses: dict[str, str], similar: list[dict] | None) -> dict:
+    """report.json of one graded ROW (schema ``REPORT_SCHEMA``): the scores, per graded test its name,
+    points, score, outcome, diagnosis and seed; the flags; the submitted notebook's sha256; and RUN
+    (``run_record``). SIMILAR: the row's flagged pairs (``similarity.Result.flags_of``), None when
+    similarity was not compared."""
+    name = row.notebook or f"{row.lab}.ipynb"
+    try:
+        digest = hashlib.sha256((row.folder / name).read_bytes()).hexdigest() if row.folder else ""
+    except OSError:
+        digest = ""
+    tests = [{"name": c["cell"], "points": c["max_score"], **dict(zip(("score", "outcome"), cell_result(c))),
+              "diagnosis": diagnoses.get(c["cell"], ""), "seed": row.seed} for c in row.cells]
+    others = [n for n in flag_notes(row) if n not in row.reuse]
+    return encodable_tree({
+        "schema_version": REPORT_SCHEMA, "learner": row.learner, "lab": row.lab, "notebook": name,
+        "notebook_sha256": digest, "score": max(0.0, row.score - row.penalty), "max_score": row.max_score,
+        "raw_score": row.score, "penalty": row.penalty, "late_seconds": round(row.seconds_late),
+        "error": row.error, "seed": row.seed, "judge_seed": row.judge_seed, "tests": tests,
+        "flags": {"judge": [{k: f[k] for k in ("cell", "in_kernel", "judge", "message")} for f in row.judge_flags],
+                  "reference_reuse": list(row.reuse), "late": row.seconds_late > 0, "notes": others,
+                  "similarity": similar},
+        **run})
+
+
+def write_reports(course: Path, rows: list[Submission], run: dict, similar=None) -> None:
+    """Write COURSE/feedback/{learner}/{lab}/report.json for every graded row (``submission_report``).
+    The instructor's record: nbgrader's release_feedback hands learners only the ``*.html`` pages."""
+    for row in rows:
+        if not row.graded:
+            continue
+        folder = course / "feedback" / row.learner / row.lab
+        folder.mkdir(parents=True, exist_ok=True)
+        diagnoses = cell_diagnoses(course / "autograded" / row.learner / row.lab / f"{row.lab}.ipynb")
+        flags = similar.flags_of(row.learner, row.lab) if similar is not None else None
+        write_atomically(folder / REPORT, json.dumps(submission_report(row, run, diagnoses, flags), indent=1) + "\n")
 
 
 def print_summary(args: argparse.Namespace, rows: list[Submission], totals: pd.DataFrame, cells: pd.DataFrame,
-                  feedback: Path) -> None:
-    """The tables, the rows an instructor should look at (errors and flags) and where the files are."""
+                  feedback: Path, similar=None) -> None:
+    """The tables, the rows an instructor should look at (errors and flags), the pairs of learners whose
+    exercise cells are near copies (SIMILAR, a ``similarity.Result``; at most ``PRINTED_PAIRS``) and
+    where the files are."""
     print("\nGrades:\n" + show(totals))
     if args.per_test:
         print("\nPer graded cell:\n" + show(cells))
@@ -1148,13 +1470,21 @@ def print_summary(args: argparse.Namespace, rows: list[Submission], totals: pd.D
             print(f"  {r.learner} / {r.lab}:" + (f" {text}" if text else ""))
             for note in row.reuse:      # each in full: which test reaches which reference, and how
                 print(f"      {printable(note)}")
+    if similar is not None:
+        from .similarity import summary_lines
+
+        print("\n".join(summary_lines(similar, args.work / SIMILARITY_CSV)))
     print(f"\nGrades CSV:    {args.work / 'grades.csv'}")
     print(f"Judge flags:   {args.work / 'judge_disagreements.csv'} ({sum(len(r.judge_flags) for r in rows)} "
           "cell(s) where the learner's kernel and the judge disagreed)")
     print(f"Timings:       {args.work / 'timings.csv'} (seconds per submission; on a cluster, the worker)")
     if args.per_test:
         print(f"Per-test CSV:  {args.work / 'grades_per_test.csv'}")
-    print(f"Feedback HTML: {feedback}  ({{learner}}/{{lab}}/{{lab}}.html)")
+    if similar is not None:
+        print(f"Similarity:    {args.work / SIMILARITY_CSV} (every pair of learners compared; flagged: at or above "
+              f"{similar.threshold:g})")
+    print(f"Feedback HTML: {feedback}  ({{learner}}/{{lab}}/{{lab}}.html; the instructor's "
+          f"{{learner}}/{{lab}}/{REPORT} beside it)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,9 @@ Sections (all optional; a command that needs a missing one says which):
 ``[late_policy]``
     ``method`` ("none", "percent_per_day", "zero"), ``percent_per_day``, ``cap`` (percent, at most
     100), ``zero_after_days`` (``LatePolicy``, ``late_penalty``).
+``[similarity]``
+    ``threshold``: a pair of learners whose exercise cells reach this similarity (above 0, at most 1;
+    default 0.8) is flagged for a person to read (``course_grader.similarity``).
 
 Format: TOML 1.0, read with the standard library's ``tomllib``.
 """
@@ -50,6 +53,7 @@ def course_labs(root: Path = REPO_ROOT) -> tuple[str, ...]:
 
 ROSTER_COLUMNS = ("learner", "canvas_id", "name", "sis_user_id", "sis_login_id", "section")
 LATE_METHODS = ("none", "percent_per_day", "zero")
+SIMILARITY_THRESHOLD = 0.8   # the default of [similarity] threshold
 
 
 class TermError(ValueError):
@@ -147,6 +151,7 @@ class Term:
     deadlines: dict[str, dt.datetime] = field(default_factory=dict)   # lab -> aware datetime
     extensions: dict[tuple[str, str], dt.timedelta] = field(default_factory=dict)   # (learner, lab) -> extra time
     late_policy: LatePolicy = LatePolicy()
+    similarity_threshold: float = SIMILARITY_THRESHOLD   # [similarity] threshold (course_grader.similarity)
 
     def deadline(self, learner: str, lab: str) -> dt.datetime | None:
         """LAB's deadline for LEARNER, their extension included (None: the lab has no deadline)."""
@@ -291,7 +296,7 @@ def load(path: Path | str = COURSE_FILE, labs: tuple[str, ...] | None = None) ->
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise TermError(f"{path}: not a valid TOML file: {exc}") from None
-    unknown = set(raw) - {"lms", "roster", "deadlines", "extensions", "late_policy"}
+    unknown = set(raw) - {"lms", "roster", "deadlines", "extensions", "late_policy", "similarity"}
     if unknown:
         raise TermError(f"{path}: unknown section(s) or field(s) {sorted(unknown)}")
     roster = None
@@ -303,4 +308,25 @@ def load(path: Path | str = COURSE_FILE, labs: tuple[str, ...] | None = None) ->
         if lab not in deadlines:
             raise TermError(f"{path}: [extensions] {learner} {lab}: the lab has no deadline in [deadlines]")
     return Term(path, lms=_lms(raw["lms"], path, labs) if "lms" in raw else None, roster=roster, deadlines=deadlines,
-                extensions=extensions, late_policy=_late_policy(raw.get("late_policy", {}), path))
+                extensions=extensions, late_policy=_late_policy(raw.get("late_policy", {}), path),
+                similarity_threshold=_similarity(raw.get("similarity", {}), path))
+
+
+def _similarity(raw, path: Path) -> float:
+    if not isinstance(raw, dict):
+        raise TermError(f"{path}: [similarity] must be a table")
+    unknown = set(raw) - {"threshold"}
+    if unknown:
+        raise TermError(f"{path}: [similarity] has unknown field(s) {sorted(unknown)}")
+    return check_threshold(raw.get("threshold", SIMILARITY_THRESHOLD), f"{path}: [similarity] threshold")
+
+
+def check_threshold(value, where: str) -> float:
+    """VALUE as a similarity threshold (``course_grader.similarity``): a number above 0 and at most 1.
+
+    Raises:
+        TermError: naming WHERE (the course-file field or the command-line option) when it is not one.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise TermError(f"{where}: expected a number above 0 and at most 1, got {value!r}")
+    return float(value)
