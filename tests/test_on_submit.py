@@ -187,10 +187,11 @@ def test_jobs_run_as_tasks_on_a_dask_scheduler(tmp_path):
     distributed = pytest.importorskip("distributed")
     exchange = tmp_path / "exchange"
     ann, bo = hand_in(exchange, "ann"), hand_in(exchange, "bo")
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
-            distributed.Client(cluster) as client:
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None)
+    with cluster, distributed.Client(cluster) as client:
         worker = on_submit.Worker(tmp_path / "course", exchange, jobs=2, job=job_in_a_dask_thread, labs=(LAB,),
                                   submit=lambda function, *a: client.submit(function, *a, pure=False))
         worker.run(interval=0.05, once=True)
     assert states(worker) == {ann: "graded", bo: "graded"}
-    assert all("Dask-Default-Threads" in r["where"] and r["score"] == 1.0 for r in worker.records.values()), worker.records
+    records = worker.records.values()
+    assert all("Dask-Default-Threads" in r["where"] and r["score"] == 1.0 for r in records), worker.records

@@ -4,7 +4,9 @@ It polls the course's inbound folder (``EXCHANGE/<course>/inbound/``, where ``nb
 the Assignments panel put each submission as ``LEARNER+LAB+TIMESTAMP+RANDOM/``) and queues a job for
 each submission it has not handled yet. A job runs nbgrader's own steps for that one learner, in the
 instructor's course root with the course config (the hub's ``autograder/hub/instructor/``, so the
-same sandbox, judge and feedback rules as a typed ``nbgrader autograde``)::
+same sandbox, judge and feedback rules as a typed ``nbgrader autograde``), in one child process
+(``--grade-one LEARNER LAB``: nbgrader's apps one after another, as nbgrader's own test harness runs
+them, which saves three interpreter and config start-ups per job)::
 
     nbgrader collect LAB --student LEARNER --update
     nbgrader autograde LAB --student LEARNER --force
@@ -108,32 +110,63 @@ class JobError(RuntimeError):
     """An nbgrader step of a job failed; the message names the command and ends with its output."""
 
 
+def nbgrader_steps(learner: str, lab: str) -> list[list[str]]:
+    """The nbgrader commands (without ``nbgrader``) that grade LEARNER's newest submission of LAB and
+    release its feedback."""
+    return [["collect", lab, "--student", learner, "--update"],
+            ["autograde", lab, "--student", learner, "--force"],
+            ["generate_feedback", lab, "--student", learner, "--force"],
+            ["release_feedback", lab, "--student", learner]]
+
+
+def run_nbgrader_steps(steps: list[list[str]]) -> None:
+    """Run each of STEPS (``["autograde", LAB, ...]``) as ``nbgrader STEP`` would, one after another
+    in this process, with the configuration nbgrader finds from here (``JUPYTER_CONFIG_PATH``, the
+    working folder): ``NbGraderApp.instance()``, ``initialize``, ``start``, ``reset``, as nbgrader's
+    own test harness (``nbgrader.tests.run_nbgrader``) does.
+
+    Raises:
+        JobError: a step exited non-zero (the message names it).
+    """
+    from jupyter_core.application import NoStart
+    from nbgrader.apps import NbGraderApp
+
+    for step in steps:
+        app = NbGraderApp.instance()
+        try:
+            app.initialize(step)
+            app.start()
+        except NoStart:   # a subcommand's normal end
+            pass
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise JobError(f"`nbgrader {' '.join(step)}` exited {exc.code}") from None
+        finally:
+            app.reset()
+
+
 def grade_submission(course_root: str, exchange: str, learner: str, lab: str) -> dict:
     """Grade LEARNER's newest submission of LAB from the exchange at EXCHANGE: collect, autograde,
-    generate_feedback and release_feedback (nbgrader's commands, as an instructor types them) in
-    COURSE_ROOT with the course config. Runs where it is called: a worker thread, or a Dask worker
-    that sees COURSE_ROOT and EXCHANGE at the same paths.
+    generate_feedback and release_feedback (``nbgrader_steps``, nbgrader's commands as an instructor
+    types them) in COURSE_ROOT with the course config, in a child process (``--grade-one``). Runs
+    where it is called: a worker thread, or a Dask worker that sees COURSE_ROOT and EXCHANGE at the
+    same paths.
 
     Returns: {"started", "finished" (UTC ISO 8601), "score", "max_score" (points, from the
     gradebook), "graded_timestamp" (the submission's time, from its timestamp.txt)}.
 
     Raises:
-        JobError: a command exited non-zero (the message names it and ends with its output).
+        JobError: a step failed (the message names it and ends with the child's output).
     """
     from nbgrader.api import Gradebook
 
     started, root = now(), Path(course_root)
-    env = course_env(root, Path(exchange))
-    steps = (["collect", lab, "--student", learner, "--update"],
-             ["autograde", lab, "--student", learner, "--force"],
-             ["generate_feedback", lab, "--student", learner, "--force"],
-             ["release_feedback", lab, "--student", learner])
-    for step in steps:
-        command = [sys.executable, "-m", "nbgrader", *step]
-        done = subprocess.run(command, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, errors="replace")
-        if done.returncode != 0:
-            raise JobError(f"`nbgrader {' '.join(step)}` exited {done.returncode}:\n{done.stdout[-OUTPUT_TAIL:]}")
+    command = [sys.executable, "-m", "course_grader.on_submit", "--course-root", str(root), "--exchange",
+               str(exchange), "--grade-one", learner, lab]
+    done = subprocess.run(command, cwd=root, env=course_env(root, Path(exchange)), stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    if done.returncode != 0:
+        raise JobError(f"grading {learner} {lab} exited {done.returncode}:\n{done.stdout[-OUTPUT_TAIL:]}")
     stamp = root / WORK / "submitted" / learner / lab / "timestamp.txt"
     with Gradebook("sqlite:///" + str(root / WORK / "gradebook.db"), COURSE_ID) as gb:
         sub = gb.find_submission(lab, learner)
@@ -170,7 +203,7 @@ class Worker:
             ``ThreadPoolExecutor``'s, or a Dask ``Client``'s; None: JOBS local worker threads.
         job: the job function, ``job(course_root, exchange, learner, lab) -> dict`` (``grade_submission``).
         status: the status file (default COURSE_ROOT/autograder/work/grade_on_submit.jsonl).
-        labs: the labs graded on submit (default: those of the course root, ``term.course_labs``).
+        labs: the labs graded on submit (default: those of the course root now, ``term.course_labs``).
 
     Raises:
         ValueError: PER_LEARNER or JOBS is not a positive integer.
@@ -190,7 +223,7 @@ class Worker:
             submit = self._pool.submit
         self.submit = submit
         self.status = Path(status) if status else self.course_root / WORK / STATUS_FILE
-        self.labs = term_mod.course_labs(self.course_root) if labs is None else tuple(labs)
+        self._labs = None if labs is None else tuple(labs)
         self.records = read_status(self.status)
         self.waiting: collections.deque[str] = collections.deque()   # inbound names, oldest first
         self.running: dict[str, object] = {}                          # inbound name -> future
@@ -234,7 +267,7 @@ class Worker:
                 reason = "not an nbgrader submission name (LEARNER+LAB+TIMESTAMP)"
             elif not PLAIN_NAME.fullmatch(sub.learner):
                 reason = "the learner id is not a plain name (letters, digits, _ . @ -, no leading dot)"
-            elif sub.lab not in self.labs:
+            elif sub.lab not in (self._labs if self._labs is not None else term_mod.course_labs(self.course_root)):
                 reason = f"no lab {sub.lab!r} in the course root {self.course_root}"
             elif self.active(sub.learner) >= self.per_learner:
                 reason = f"{self.active(sub.learner)} job(s) already queued or running (per_learner = " \
@@ -289,12 +322,12 @@ class Worker:
 def show(status: Path) -> str:
     """The status file as a table: one line per submission, its state now."""
     records = read_status(status)
-    lines = [f"{'learner':<20} {'lab':<22} {'submitted':<28} {'state':<8} {'score':>11}  finished / why"]
+    lines = [f"{'learner':<20} {'lab':<22} {'submitted':<30} {'state':<8} {'score':>11}  finished / why"]
     for r in sorted(records.values(), key=lambda r: r.get("queued") or ""):
         score = f"{r['score']:g} / {r['max_score']:g}" if r.get("score") is not None else ""
         why = r.get("reason") or (r.get("error") or "").split("\n")[0] or r.get("finished") or ""
         lines.append(f"{printable(r['learner'])[:20]:<20} {printable(r['lab'])[:22]:<22} "
-                     f"{printable(r['timestamp'])[:28]:<28} {r['state']:<8} {score:>11}  {printable(why)}")
+                     f"{printable(r['timestamp'])[:30]:<30} {r['state']:<8} {score:>11}  {printable(why)}")
     return "\n".join(lines) + f"\n{len(records)} submission(s) in {status}"
 
 
@@ -340,6 +373,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--interval", type=_seconds, default=5.0, help="seconds between two scans (default 5)")
     parser.add_argument("--once", action="store_true", help="grade what is in the exchange now, then exit")
     parser.add_argument("--show", action="store_true", help="print the status file as a table and exit")
+    parser.add_argument("--grade-one", nargs=2, metavar=("LEARNER", "LAB"), help="grade LEARNER's newest "
+                        "submission of LAB now, as a job does (collect, autograde, generate_feedback, "
+                        "release_feedback), and exit; no status file")
     return parser.parse_args(argv)
 
 
@@ -349,6 +385,20 @@ def main(argv: list[str] | None = None) -> int:
     status = args.status or args.course_root / WORK / STATUS_FILE
     if args.show:
         print(show(status))
+        return 0
+    if args.grade_one:
+        learner, lab = args.grade_one
+        if not PLAIN_NAME.fullmatch(learner) or lab not in term_mod.course_labs(args.course_root):
+            print(f"{prog}: --grade-one {printable(learner)} {printable(lab)}: expected a plain learner id and a lab "
+                  f"of {args.course_root}", file=sys.stderr)
+            return 2
+        os.environ.update(course_env(args.course_root.resolve(), args.exchange.resolve()))
+        os.chdir(args.course_root)
+        try:
+            run_nbgrader_steps(nbgrader_steps(learner, lab))
+        except JobError as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return 1
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s grade-on-submit %(levelname)s %(message)s")
     try:   # every refusal comes before the status file is written
@@ -378,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         submit = lambda function, *a: connection.client.submit(function, *a, pure=False)  # noqa: E731
     worker = Worker(args.course_root, args.exchange, per_learner=per_learner, jobs=jobs, submit=submit,
-                    status=status, labs=labs)
+                    status=status)
     log.info("watching %s for %s (per_learner %d, jobs %d, %s); status in %s", worker.inbound, ", ".join(labs),
              per_learner, jobs, f"Dask at {address}" if address else "local threads", status)
     # the hub stops its services with SIGTERM: stop scanning (a running job ends before the process
