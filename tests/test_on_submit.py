@@ -92,8 +92,8 @@ def test_status_file_records_each_job_and_a_restart_grades_nothing_twice(tmp_pat
     again = on_submit.Worker(tmp_path / "course", exchange, job=job, status=status, labs=(LAB,))
     again.run(interval=0.01, once=True)
     assert ran == ["ann", "bo"]
-    with open(status, "a") as f:
-        f.write(json.dumps(dict(latest[ann], state="running")) + "\n")
+    with open(status, "a") as f:   # a line cut short, then a job left running by a worker that stopped
+        f.write('{"inbound": "cut sh\n' + json.dumps(dict(latest[ann], state="running")) + "\n")
     third = on_submit.Worker(tmp_path / "course", exchange, job=job, status=status, labs=(LAB,))
     assert list(third.waiting) == [ann]
     third.run(interval=0.01, once=True)
@@ -175,6 +175,8 @@ def test_command_line_help_and_refusals_write_nothing(tmp_path, capsys):
     assert f"--exchange {tmp_path / 'none'}: no such folder" in capsys.readouterr().err
     assert on_submit.main(["--course-root", str(tmp_path), "--exchange", str(exchange), "--once"]) == 2
     assert "no solutions/LAB/LAB.ipynb" in capsys.readouterr().err
+    assert on_submit.main(["--course-root", str(root), "--exchange", str(exchange), "--grade-one", "../ann", LAB]) == 2
+    assert "--grade-one ../ann 01_roofline: expected a plain learner id" in capsys.readouterr().err
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before   # no status file, nothing else
 
 

@@ -70,6 +70,7 @@ FINAL_STATES = ("graded", "failed", "skipped")  # a submission in one of these i
 # a learner id nbgrader may use as a folder name: no path separators, no leading dot, no control characters
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_@-][A-Za-z0-9_.@-]*")
 OUTPUT_TAIL = 2000                              # characters of a failed command's output kept in `error`
+CHILDREN: set[subprocess.Popen] = set()        # the jobs' child processes running now, ended when the worker stops
 
 
 def now() -> str:
@@ -163,10 +164,15 @@ def grade_submission(course_root: str, exchange: str, learner: str, lab: str) ->
     started, root = now(), Path(course_root)
     command = [sys.executable, "-m", "course_grader.on_submit", "--course-root", str(root), "--exchange",
                str(exchange), "--grade-one", learner, lab]
-    done = subprocess.run(command, cwd=root, env=course_env(root, Path(exchange)), stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
-    if done.returncode != 0:
-        raise JobError(f"grading {learner} {lab} exited {done.returncode}:\n{done.stdout[-OUTPUT_TAIL:]}")
+    with subprocess.Popen(command, cwd=root, env=course_env(root, Path(exchange)), stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace") as child:
+        CHILDREN.add(child)
+        try:
+            output, _ = child.communicate()
+        finally:
+            CHILDREN.discard(child)
+    if child.returncode != 0:
+        raise JobError(f"grading {learner} {lab} exited {child.returncode}:\n{output[-OUTPUT_TAIL:]}")
     stamp = root / WORK / "submitted" / learner / lab / "timestamp.txt"
     with Gradebook("sqlite:///" + str(root / WORK / "gradebook.db"), COURSE_ID) as gb:
         sub = gb.find_submission(lab, learner)
@@ -185,7 +191,9 @@ def read_status(path: Path) -> dict[str, dict]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
-            log.warning("%s line %d is not a JSON record (left out)", path, number)
+            record = None
+        if not isinstance(record, dict) or not {"inbound", "learner", "state"} <= set(record):
+            log.warning("%s line %d is not a job record (left out)", path, number)
             continue
         latest[record["inbound"]] = record
     return latest
@@ -407,6 +415,10 @@ def main(argv: list[str] | None = None) -> int:
             raise term_mod.TermError(f"--course-root {args.course_root}: no solutions/LAB/LAB.ipynb there")
         if not args.exchange.is_dir():
             raise term_mod.TermError(f"--exchange {args.exchange}: no such folder")
+        inbound = args.exchange / COURSE_ID / "inbound"
+        if inbound.is_dir() and not os.access(inbound, os.R_OK | os.X_OK):
+            raise term_mod.TermError(f"--exchange {args.exchange}: cannot list {inbound} (run as the instructor who "
+                                     "released the labs: COURSE_HUB_GRADER_USER)")
         settings = term_mod.load(args.course or args.course_root / "autograder" / "course.toml",
                                  labs=labs).grade_on_submit
     except term_mod.TermError as exc:
@@ -431,14 +443,16 @@ def main(argv: list[str] | None = None) -> int:
                     status=status)
     log.info("watching %s for %s (per_learner %d, jobs %d, %s); status in %s", worker.inbound, ", ".join(labs),
              per_learner, jobs, f"Dask at {address}" if address else "local threads", status)
-    # the hub stops its services with SIGTERM: stop scanning (a running job ends before the process
-    # does; a queued one is queued again by the next worker, from the status file)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # The hub stops a service with SIGINT, then SIGTERM (a process started in the background may
+    # ignore SIGINT): stop at once, ending a running job's child process; the job is queued again by
+    # the next worker, from the status file.
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda *_: sys.exit(0))
     try:
         worker.run(args.interval, once=args.once)
-    except KeyboardInterrupt:
-        pass
     finally:
+        for child in list(CHILDREN):
+            child.terminate()
         worker.close()
         if connection is not None:
             connection.close()
