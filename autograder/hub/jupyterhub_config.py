@@ -80,6 +80,10 @@ if os.environ.get("COURSE_HUB_ADMIN_TOKEN"):
 # hub start and keep running `python -m course_grader.on_submit` as a managed service (no API scope).
 if grade_on_submit():
     c.JupyterHub.services.append(grade_on_submit_service())
+    if os.getuid() == 0 and not os.environ.get("COURSE_HUB_GRADER_USER"):
+        print("jupyterhub_config.py: WARNING: the grade-on-submit service runs as root, so the gradebook and "
+              "feedback it writes in the course root are root's: set COURSE_HUB_GRADER_USER to the instructor who "
+              "owns it", flush=True)
 
 # -- each user's server: the course venv, with the settings of the user's role --------------------
 c.Spawner.cmd = [str(VENV_BIN / "jupyterhub-singleuser")]
