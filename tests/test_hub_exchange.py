@@ -16,8 +16,11 @@ the hub only through its REST API and its proxy, with a `course-admin` service t
   the hub group nbgrader-<course> through the hub's API;
 * learners use their servers' nbgrader assignment-list API (fetch, submit, fetch_feedback: what the
   Assignments panel calls) and the contents API (saving the notebook, as JupyterLab does);
-* autograding is stock `nbgrader autograde` with the course config (sandbox and judge); the scores
-  are read back through the instructor's formgrader API and from the gradebook.
+* grading is on submit: the hub's `grade-on-submit` service (COURSE_HUB_GRADE_ON_SUBMIT=1,
+  course_grader.on_submit) runs stock nbgrader's collect, autograde (course config: sandbox and
+  judge), generate_feedback and release_feedback for each learner as their submission arrives; the
+  learners wait until their assignment list offers feedback, and the scores are read back through the
+  instructor's formgrader API, the gradebook and the service's status file (`--show` in the terminal).
 
 What does not go through the hub: the test puts solutions/<lab> into the instructor's course root
 (as cloning the course repository would), and reads the users' homes and the gradebook file to
