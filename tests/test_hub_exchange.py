@@ -16,8 +16,11 @@ the hub only through its REST API and its proxy, with a `course-admin` service t
   the hub group nbgrader-<course> through the hub's API;
 * learners use their servers' nbgrader assignment-list API (fetch, submit, fetch_feedback: what the
   Assignments panel calls) and the contents API (saving the notebook, as JupyterLab does);
-* autograding is stock `nbgrader autograde` with the course config (sandbox and judge); the scores
-  are read back through the instructor's formgrader API and from the gradebook.
+* grading is on submit: the hub's `grade-on-submit` service (COURSE_HUB_GRADE_ON_SUBMIT=1,
+  course_grader.on_submit) runs stock nbgrader's collect, autograde (course config: sandbox and
+  judge), generate_feedback and release_feedback for each learner as their submission arrives; the
+  learners wait until their assignment list offers feedback, and the scores are read back through the
+  instructor's formgrader API, the gradebook and the service's status file (`--show` in the terminal).
 
 What does not go through the hub: the test puts solutions/<lab> into the instructor's course root
 (as cloning the course repository would), and reads the users' homes and the gradebook file to
@@ -176,6 +179,8 @@ def test_hub_config_reads_its_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_HUB_LEARNERS", "ann, bo")
     monkeypatch.setenv("COURSE_HUB_INSTRUCTORS", "teacher")
     monkeypatch.setenv("COURSE_HUB_ADMIN_TOKEN", "t0ken")
+    monkeypatch.setenv("COURSE_HUB_COURSE_ROOT", str(tmp_path / "course"))
+    monkeypatch.setenv("COURSE_HUB_GRADE_ON_SUBMIT", "1")
     c = PyFileConfigLoader("jupyterhub_config.py", str(ROOT / "autograder" / "hub")).load_config()
     assert c.JupyterHub.bind_url == "http://127.0.0.1:9123"             # loopback unless COURSE_HUB_IP says
     assert c.Authenticator.allow_existing_users is False
@@ -183,8 +188,16 @@ def test_hub_config_reads_its_environment(tmp_path, monkeypatch):
     assert c.Spawner.environment["COURSE_EXCHANGE_ROOT"] == str(tmp_path / "x")
     assert c.Authenticator.allowed_users == {"teacher", "ann", "bo"}
     assert c.JupyterHub.load_groups == {INSTRUCTOR_GROUP: {"users": ["teacher"]}, LEARNER_GROUP: {"users": []}}
-    assert [s["name"] for s in c.JupyterHub.services] == ["course-admin"]
+    assert [s["name"] for s in c.JupyterHub.services] == ["course-admin", "grade-on-submit"]
+    grader = c.JupyterHub.services[1]   # a managed service: the hub runs the on-submit worker
+    assert grader["command"] == [str(BIN / "python"), "-m", "course_grader.on_submit", "--course-root",
+                                 str(tmp_path / "course"), "--exchange", str(tmp_path / "x")]
+    assert "user" not in grader and "api_token" not in grader and grader["cwd"] == str(tmp_path / "course")
+    assert not any("grade-on-submit" in role.get("services", []) for role in c.JupyterHub.load_roles)
     assert (tmp_path / "state").is_dir()
+    monkeypatch.setenv("COURSE_HUB_GRADE_ON_SUBMIT", "yes")
+    with pytest.raises(ValueError, match="COURSE_HUB_GRADE_ON_SUBMIT: expected 1 .on. or 0 .off., got 'yes'"):
+        PyFileConfigLoader("jupyterhub_config.py", str(ROOT / "autograder" / "hub")).load_config()
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +229,10 @@ def hub(tmp_path_factory):
         "c.Spawner.environment['COURSE_QUICK'] = '1'",
         "c.Spawner.environment['OMP_NUM_THREADS'] = '1'",
         "c.JupyterHub.log_level = 'INFO'",
+        # the grade-on-submit service (COURSE_HUB_GRADE_ON_SUBMIT below): the same kernel settings, a scan a second
+        "grader = next(s for s in c.JupyterHub.services if s['name'] == 'grade-on-submit')",
+        "grader['environment'].update(COURSE_QUICK='1', OMP_NUM_THREADS='1')",
+        "grader['command'] += ['--interval', '1']",
     ]) + "\n")
     from course_grader.sandbox import model_cache_dir   # the cache this checkout's tests use
     env = dict(os.environ,
@@ -223,7 +240,7 @@ def hub(tmp_path_factory):
                COURSE_HUB_IP="127.0.0.1", COURSE_HUB_PORT=str(port),
                COURSE_HUB_API_PORT=str(_free_port()), COURSE_HUB_PROXY_API_PORT=str(_free_port()),
                COURSE_HUB_INSTRUCTORS="instructor", COURSE_HUB_LEARNERS="learner_a,learner_b",
-               COURSE_HUB_COURSE_ROOT=str(course), COURSE_HUB_ADMIN_TOKEN=admin_token,
+               COURSE_HUB_COURSE_ROOT=str(course), COURSE_HUB_ADMIN_TOKEN=admin_token, COURSE_HUB_GRADE_ON_SUBMIT="1",
                COURSE_LIB_CACHE=str(model_cache_dir()),
                PATH=os.pathsep.join([str(BIN), os.environ.get("PATH", "")]))
     log = tmp / "jupyterhub.log"
@@ -320,7 +337,8 @@ def test_exchange_cycle_through_the_hub(hub):
     members = hub.api("GET", f"/groups/{LEARNER_GROUP}")["users"]
     assert sorted(members) == ["learner_a", "learner_b"], "nbgrader db student add did not reach the hub's group"
 
-    # Learners: fetch, solve (save the sample notebook over the fetched one), submit.
+    # Learners: fetch, solve (save the sample notebook over the fetched one), submit; the hub's
+    # grade-on-submit service queues each submission as it arrives.
     for name, sample in SUBMISSIONS.items():
         assert _status(_assignments(hub, name)) == {"released"}
         assert _status(_action(hub, name, "fetch")) == {"fetched"}
@@ -337,19 +355,32 @@ def test_exchange_cycle_through_the_hub(hub):
     inbound = sorted(p.name.split("+")[0] for p in (hub.exchange / COURSE_ID / "inbound").iterdir())
     assert inbound == ["learner_a", "learner_b"]
 
-    # Instructor: collect, autograde (course config: sandbox and judge), feedback.
-    term.check(f"nbgrader collect {LAB}")
+    # Nobody types collect, autograde (course config: sandbox and judge), generate_feedback or
+    # release_feedback: the service runs them for each learner. The learners wait until their
+    # Assignments panel offers feedback.
+    t_grade, waiting = time.monotonic(), set(SUBMISSIONS)
+    while waiting and time.monotonic() < t_grade + 600:
+        for name in sorted(waiting):
+            submitted = [s for a in _assignments(hub, name) if a["status"] == "submitted" for s in a["submissions"]]
+            if any(s.get("has_exchange_feedback") for s in submitted):
+                waiting.discard(name)
+        time.sleep(1)
+    grade_s = time.monotonic() - t_grade
+    status = hub.course / "autograder" / "work" / "grade_on_submit.jsonl"
+    on_record = status.read_text() if status.exists() else "(no status file)"
+    assert not waiting, f"no feedback for {sorted(waiting)} after 600 s:\n{on_record}\n{hub.log_tail(120)}"
     for name in SUBMISSIONS:
         assert (hub.course / "autograder" / "work" / "submitted" / name / LAB / f"{LAB}.ipynb").is_file()
-    t_grade = time.monotonic()
-    term.check(f"nbgrader autograde {LAB}", timeout=600)
-    grade_s = time.monotonic() - t_grade
     # The course config's judge reran every graded cell (its verdict file beside each autograded
     # notebook); kernels ran in the sandbox, without which the course config refuses to start them.
     for name in SUBMISSIONS:
         assert (hub.course / "autograder" / "work" / "autograded" / name / LAB / f"{LAB}{VERDICT_SUFFIX}").is_file()
-    term.check(f"nbgrader generate_feedback {LAB}")
-    term.check(f"nbgrader release_feedback {LAB}")
+    # The instructor's view of the queue, from their terminal: one graded job per learner, with its score.
+    shown = term.check("python -m course_grader.on_submit --show")
+    jobs = {json.loads(line)["learner"]: json.loads(line) for line in status.read_text().splitlines()}
+    assert {name: (r["state"], r["score"]) for name, r in jobs.items()} == {
+        name: ("graded", _expected()[SAMPLE_OF[name], "total"]) for name in SUBMISSIONS}, on_record
+    assert shown.count(" graded ") == 2 and "2 submission(s)" in shown, shown
 
     # Scores, through the instructor's formgrader API and from the gradebook, against the samples' table.
     expected = _expected()
@@ -398,4 +429,4 @@ def test_exchange_cycle_through_the_hub(hub):
         for p in (hub.homes / name).rglob("*"):
             if p.is_file():
                 assert theirs not in p.read_bytes(), f"{name}'s home holds {other}'s work in {p}"
-    print(f"hub exchange cycle: {time.monotonic() - t0:.0f} s, of which autograde {grade_s:.0f} s")
+    print(f"hub exchange cycle: {time.monotonic() - t0:.0f} s, of which waiting for feedback {grade_s:.0f} s")

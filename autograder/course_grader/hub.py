@@ -19,6 +19,8 @@ variable                       meaning                                          
 ``COURSE_HUB_COURSE_ROOT``     the instructors' course root (``solutions/``, ...)   this checkout
 ``COURSE_HUB_ADMIN_TOKEN``     token of the ``course-admin`` service (REST API)     no service
 ``COURSE_LIB_CACHE``           the converted model cache, passed to every server    course_lib's default
+``COURSE_HUB_GRADE_ON_SUBMIT`` 1: run the ``grade-on-submit`` service                off (0)
+``COURSE_HUB_GRADER_USER``     the OS user that service runs as (needs a root hub)  the hub's user
 =============================  ===================================================  ===========================
 
 Course membership lives in hub groups, as nbgrader's ``JupyterHubAuthPlugin`` reads it:
@@ -86,6 +88,37 @@ def identify_learner_by_hub_name(c) -> None:
     with one OS user for everyone (SimpleLocalProcessSpawner, containers) they are not."""
     if os.environ.get("JUPYTERHUB_USER"):
         c.CourseDirectory.student_id = os.environ["JUPYTERHUB_USER"]
+
+
+def grade_on_submit_service() -> dict:
+    """The ``c.JupyterHub.services`` entry of the ``grade-on-submit`` managed service: the hub starts
+    ``python -m course_grader.on_submit`` (this venv) on the course root and the exchange, as
+    ``$COURSE_HUB_GRADER_USER`` when set (the OS user who owns the course root; the hub must run as
+    root), else as the hub's own user. The service needs no hub API scope: collect, autograde and
+    the feedback steps read and write files only (autograder/README.md, "Grading on submit")."""
+    environment = {
+        "PATH": os.pathsep.join([str(VENV_BIN), os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")]),
+        "HF_HUB_OFFLINE": "1", "COURSE_EXCHANGE_ROOT": exchange_root(), "COURSE_HUB_COURSE_ROOT": course_root()}
+    if os.environ.get("COURSE_LIB_CACHE"):
+        environment["COURSE_LIB_CACHE"] = os.environ["COURSE_LIB_CACHE"]
+    service = {"name": "grade-on-submit", "cwd": course_root(), "environment": environment,
+               "command": [str(VENV_BIN / "python"), "-m", "course_grader.on_submit",
+                           "--course-root", course_root(), "--exchange", exchange_root()]}
+    if os.environ.get("COURSE_HUB_GRADER_USER"):
+        service["user"] = os.environ["COURSE_HUB_GRADER_USER"]
+    return service
+
+
+def grade_on_submit() -> bool:
+    """Whether ``COURSE_HUB_GRADE_ON_SUBMIT`` turns the grade-on-submit service on.
+
+    Raises:
+        ValueError: the variable is set to something else than 1 or 0 (the message names it).
+    """
+    value = os.environ.get("COURSE_HUB_GRADE_ON_SUBMIT", "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"COURSE_HUB_GRADE_ON_SUBMIT: expected 1 (on) or 0 (off), got {value!r}")
+    return value == "1"
 
 
 def repoint_course_root(c, root: str) -> None:

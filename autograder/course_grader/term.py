@@ -24,6 +24,11 @@ Sections (all optional; a command that needs a missing one says which):
 ``[similarity]``
     ``threshold``: a pair of learners whose exercise cells reach this similarity (above 0, at most 1;
     default 0.8) is flagged for a person to read (``course_grader.similarity``).
+``[grade_on_submit]``
+    ``per_learner`` (jobs queued or running per learner at most, a positive integer; default 2),
+    ``jobs`` (jobs running at once, a positive integer; default 1), ``cluster`` (a Dask scheduler
+    address such as ``tcp://host:8786``; default none: local threads) (``GradeOnSubmit``,
+    ``course_grader.on_submit``).
 
 Format: TOML 1.0, read with the standard library's ``tomllib``.
 """
@@ -144,6 +149,15 @@ class LatePolicy:
 
 
 @dataclass(frozen=True)
+class GradeOnSubmit:
+    """The on-submit worker's settings (``course_grader.on_submit``): at most PER_LEARNER jobs queued
+    or running per learner, JOBS running at once, on the Dask scheduler at CLUSTER (None: local threads)."""
+    per_learner: int = 2
+    jobs: int = 1
+    cluster: str | None = None
+
+
+@dataclass(frozen=True)
 class Term:
     path: Path
     lms: LMS | None = None
@@ -152,6 +166,7 @@ class Term:
     extensions: dict[tuple[str, str], dt.timedelta] = field(default_factory=dict)   # (learner, lab) -> extra time
     late_policy: LatePolicy = LatePolicy()
     similarity_threshold: float = SIMILARITY_THRESHOLD   # [similarity] threshold (course_grader.similarity)
+    grade_on_submit: GradeOnSubmit = GradeOnSubmit()
 
     def deadline(self, learner: str, lab: str) -> dt.datetime | None:
         """LAB's deadline for LEARNER, their extension included (None: the lab has no deadline)."""
@@ -200,6 +215,22 @@ def _late_policy(raw, path: Path) -> LatePolicy:
     if zero_after is not None:
         zero_after = _int(zero_after, f"{path}: [late_policy] zero_after_days")
     return LatePolicy(method, per_day, cap, zero_after)
+
+
+def _grade_on_submit(raw, path: Path) -> GradeOnSubmit:
+    if not isinstance(raw, dict):
+        raise TermError(f"{path}: [grade_on_submit] must be a table")
+    unknown = set(raw) - {"per_learner", "jobs", "cluster"}
+    if unknown:
+        raise TermError(f"{path}: [grade_on_submit] has unknown field(s) {sorted(unknown)}")
+    cluster = raw.get("cluster")
+    if cluster is not None:
+        cluster = _str(cluster, f"{path}: [grade_on_submit] cluster")
+        if "://" not in cluster:
+            raise TermError(f"{path}: [grade_on_submit] cluster: expected a Dask scheduler address such as "
+                            f"tcp://host:8786, got {cluster!r}")
+    return GradeOnSubmit(per_learner=_int(raw.get("per_learner", 2), f"{path}: [grade_on_submit] per_learner"),
+                         jobs=_int(raw.get("jobs", 1), f"{path}: [grade_on_submit] jobs"), cluster=cluster)
 
 
 def _deadlines(raw, path: Path, labs) -> dict[str, dt.datetime]:
@@ -296,7 +327,8 @@ def load(path: Path | str = COURSE_FILE, labs: tuple[str, ...] | None = None) ->
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise TermError(f"{path}: not a valid TOML file: {exc}") from None
-    unknown = set(raw) - {"lms", "roster", "deadlines", "extensions", "late_policy", "similarity"}
+    unknown = set(raw) - {"lms", "roster", "deadlines", "extensions", "late_policy", "similarity",
+                          "grade_on_submit"}
     if unknown:
         raise TermError(f"{path}: unknown section(s) or field(s) {sorted(unknown)}")
     roster = None
@@ -309,7 +341,8 @@ def load(path: Path | str = COURSE_FILE, labs: tuple[str, ...] | None = None) ->
             raise TermError(f"{path}: [extensions] {learner} {lab}: the lab has no deadline in [deadlines]")
     return Term(path, lms=_lms(raw["lms"], path, labs) if "lms" in raw else None, roster=roster, deadlines=deadlines,
                 extensions=extensions, late_policy=_late_policy(raw.get("late_policy", {}), path),
-                similarity_threshold=_similarity(raw.get("similarity", {}), path))
+                similarity_threshold=_similarity(raw.get("similarity", {}), path),
+                grade_on_submit=_grade_on_submit(raw.get("grade_on_submit", {}), path))
 
 
 def _similarity(raw, path: Path) -> float:

@@ -18,8 +18,8 @@ import os
 
 from course_grader.config import COURSE_ID
 from course_grader.hub import (INSTRUCTOR_CONFIG, INSTRUCTOR_GROUP, LEARNER_CONFIG, LEARNER_GROUP,
-                               LEARNER_SETTINGS, REPO, VENV_BIN, course_root, exchange_root, names,
-                               proxy_command)
+                               LEARNER_SETTINGS, REPO, VENV_BIN, course_root, exchange_root, grade_on_submit,
+                               grade_on_submit_service, names, proxy_command)
 
 c = get_config()  # noqa: F821 (injected by traitlets)
 
@@ -67,14 +67,23 @@ c.JupyterHub.load_roles = [
         "groups": [INSTRUCTOR_GROUP],
     },
 ]
+c.JupyterHub.services = []
 if os.environ.get("COURSE_HUB_ADMIN_TOKEN"):
-    c.JupyterHub.services = [{"name": "course-admin", "api_token": os.environ["COURSE_HUB_ADMIN_TOKEN"]}]
+    c.JupyterHub.services.append({"name": "course-admin", "api_token": os.environ["COURSE_HUB_ADMIN_TOKEN"]})
     c.JupyterHub.load_roles.append({
         "name": "course-admin",
         "description": "users, their servers and tokens, and groups, through the REST API",
         "scopes": ["admin:users", "admin:servers", "tokens", "admin:groups"],
         "services": ["course-admin"],
     })
+# Grading on submit (autograder/README.md, "Grading on submit"): COURSE_HUB_GRADE_ON_SUBMIT=1 makes the
+# hub start and keep running `python -m course_grader.on_submit` as a managed service (no API scope).
+if grade_on_submit():
+    c.JupyterHub.services.append(grade_on_submit_service())
+    if os.getuid() == 0 and not os.environ.get("COURSE_HUB_GRADER_USER"):
+        print("jupyterhub_config.py: WARNING: the grade-on-submit service runs as root, so the gradebook and "
+              "feedback it writes in the course root are root's: set COURSE_HUB_GRADER_USER to the instructor who "
+              "owns it", flush=True)
 
 # -- each user's server: the course venv, with the settings of the user's role --------------------
 c.Spawner.cmd = [str(VENV_BIN / "jupyterhub-singleuser")]
