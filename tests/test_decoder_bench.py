@@ -175,9 +175,11 @@ def test_benchmark_int4_and_llama_rows_each_against_their_own_floor(tmp_path):
     bandwidth = facts["bandwidth_gb_s"] * 1e9
     assert facts["int4_floor_ms"] == pytest.approx(facts["int4_weight_bytes"] / bandwidth * 1e3)
     assert facts["llama_floor_ms"] == pytest.approx(12345 / bandwidth * 1e3)
-    for floor, step in ((bench.INT4_FLOOR_ROW, "int4: decode step B=1"), (bench.LLAMA_FLOOR_ROW, "llama.cpp: decode step B=1")):
+    for floor, step in ((bench.INT4_FLOOR_ROW, "int4: decode step B=1"),
+                        (bench.LLAMA_FLOOR_ROW, "llama.cpp: decode step B=1")):
         assert rows.loc[floor, "x B=1 floor"] == 1.0
-        assert rows.loc[step, "x B=1 floor"] == pytest.approx(rows.loc[step, "median (ms)"] / rows.loc[floor, "median (ms)"])
+        ratio = rows.loc[step, "median (ms)"] / rows.loc[floor, "median (ms)"]
+        assert rows.loc[step, "x B=1 floor"] == pytest.approx(ratio)
     assert llama.writes == [(0, 8)] + [(8, 1)] * 2                 # one prefill, then the same step each call
     with pytest.raises(ValueError, match="llama_bytes"):
         bench.benchmark(model, None, llama=llama, context=8, batches=(1,), prefill_tokens=0, warmup=0, repeats=1)

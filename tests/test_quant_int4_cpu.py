@@ -277,3 +277,24 @@ def test_load_smollm2_refuses_weights_it_does_not_know_before_loading_anything()
 
     with pytest.raises(ValueError, match="weights"):
         load_smollm2(weights="int8")
+
+
+def test_the_engine_and_speculative_decoding_serve_the_int4_model(tmp_path):
+    from course_lib.engine import Engine
+    from course_lib.models import generate_cached
+    from course_lib.speculative import PromptLookupDraft, generate_speculative, truncated_draft
+
+    reference = write_toy_gguf(tmp_path / "toy.gguf", seed=2)
+    model = load_int4_decoder(tmp_path / "toy.gguf", reference.config)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, TOY["vocab_size"], (n,), generator=gen) for n in (5, 9, 3)]
+    solo = [generate_cached(model, p, 6)[0] for p in prompts]
+    engine = Engine(model, num_blocks=16, block_size=4, budget=32, max_running=3)
+    engine.run([(0.0, p, 6) for p in prompts])
+    for rid, tokens in enumerate(solo):
+        assert torch.equal(engine.output_ids(rid), tokens), rid
+    repeated = torch.cat([prompts[1], prompts[1]])                       # something for prompt lookup to find
+    want = generate_cached(model, repeated, 8)[0]
+    for draft in (PromptLookupDraft(), truncated_draft(model, 1)):
+        got, _ = generate_speculative(model, draft, repeated, 8, gamma=3)
+        assert torch.equal(got, want)
