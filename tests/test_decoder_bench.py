@@ -128,12 +128,19 @@ def test_batch_argument_parser():
 
 
 @pytest.mark.slow
-def test_bench_runs_on_the_real_model_beside_transformers(capsys):
+def test_bench_runs_on_the_real_model_beside_transformers_and_the_int4_model(capsys):
     assert bench.main(["--quick"]) == 0
     out = capsys.readouterr().out
     for line in (bench.FLOOR_ROW, "ours: decode step B=1", "transformers: decode step B=1",
-                 "ours: prefill 128 tokens", "at B=1 ours is"):
+                 "ours: prefill 128 tokens", "at B=1 ours is", bench.INT4_FLOOR_ROW, "int4: decode step B=1",
+                 "at B=1 the int4 step is", "perplexity on Lab 4's windows (1 x 512 tokens"):
         assert line in out
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        assert "llama.cpp rows skipped: the optional llama_cpp package does not import" in out
+    else:
+        assert "llama.cpp: decode step B=1" in out
 
 
 class FakeLlama:

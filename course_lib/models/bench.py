@@ -1,7 +1,8 @@
 """The reference decoder against the weight-streaming floor and against transformers, in one run.
 
 Run: ``python -m course_lib.models.bench [--context 128] [--batches 1,8,16] [--prefill 512]
-[--repeats 15] [--warmup 3] [--rounds 1] [--no-transformers] [--no-int4] [--no-llama-cpp] [--quick]``.
+[--repeats 15] [--warmup 3] [--rounds 1] [--no-transformers] [--no-int4] [--no-llama-cpp] [--perplexity 4]
+[--quick]``.
 
 On SmolLM2-135M (float32, the course's artifact, ``course_lib.data.load_smollm2``) it measures, one
 after another in the same process and with the same threads:
@@ -21,7 +22,8 @@ after another in the same process and with the same threads:
 - the **int4 model** (``course_lib.quant.int4_cpu``: the embedded GGUF file's Q4_1 projections as packed int4
   through PyTorch's CPU int4 matmul, bfloat16 activations, float16 head): its own floor (the bytes a
   decode step of it reads, ``int4_streamed_bytes``, over the same bandwidth), its products alone, its decode
-  step at each batch size and its prefill, unless ``--no-int4``;
+  step at each batch size and its prefill, unless ``--no-int4``; after the rounds, the perplexity of both
+  models on ``--perplexity`` of Lab 4's evaluation windows (``perplexities``);
 - **llama.cpp's step** on the same GGUF file (``llama_cpp.Llama``, batch 1, the same context and threads)
   and its own floor (the file's tensor bytes over the same bandwidth), when the optional ``llama_cpp``
   package (llama-cpp-python, which compiles llama.cpp on install) imports; otherwise a note says it was
@@ -55,8 +57,8 @@ from .config import weight_bytes
 from .decoder import Decoder
 
 __all__ = ["decode_step", "projections_alone", "prefill", "peer_model", "peer_decode_step",
-           "peer_prefill", "llama_cpp_model", "llama_cpp_decode_step", "gguf_tensor_bytes", "benchmark",
-           "parse_batches", "main"]
+           "peer_prefill", "llama_cpp_model", "llama_cpp_decode_step", "gguf_tensor_bytes", "perplexities",
+           "benchmark", "parse_batches", "main"]
 
 
 def _tokens(model: Decoder, batch: int, length: int, seed: int = 0) -> torch.Tensor:
@@ -181,6 +183,35 @@ def llama_cpp_decode_step(llm, context: int = 128, warmup: int = 3, repeats: int
         llm.eval(ids[context:])
 
     return measure(step, "cpu", warmup, repeats)
+
+
+#: Lab 4's evaluation windows: consecutive windows of 512 tokens of the course's text from token 0.
+LAB4_WINDOW = 512
+
+
+def perplexities(models: dict, tokenizer, n_windows: int = 4, window: int = LAB4_WINDOW) -> tuple[dict, str]:
+    """Perplexity of each model on Lab 4's evaluation windows: the course's text (``data.load_text``), its
+    first 400,000 characters tokenised, ``n_windows`` consecutive windows of ``window`` tokens from token 0
+    (``quant.perplexity.token_windows``, as Lab 4's ``split_windows`` cuts them; Lab 4 uses 4, 1 in its
+    quick mode), each scored by ``quant.perplexity.perplexity`` (docs/quantization.md#perplexity).
+
+    Args:
+        models: label -> a model called as ``model(ids (1, T), positions (T,)) -> logits``.
+        tokenizer: the models' transformers tokenizer. n_windows, window: ints >= 1 and >= 2.
+
+    Returns:
+        ({label: perplexity}, a one-line description of the windows and the text's provenance).
+
+    Raises: ValueError for a text shorter than the windows; as ``perplexity``."""
+    from ..data import load_text
+    from ..quant.perplexity import perplexity, token_windows
+
+    text, provenance = load_text(verbose=False)
+    ids = torch.tensor(tokenizer(text[:400_000])["input_ids"], dtype=torch.int64)
+    windows, _ = token_windows(ids, window, n_windows, 0)
+    with torch.no_grad():
+        values = {label: perplexity(m, windows) for label, m in models.items()}
+    return values, f"{n_windows} x {window} tokens from token 0 of {provenance.name} ({provenance.source})"
 
 
 def gguf_tensor_bytes(path) -> int:
@@ -324,17 +355,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=count_argument(1), default=1, help="repeat the whole measurement this many times")
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers' rows")
     parser.add_argument("--no-int4", action="store_true", help="skip the int4 model's rows")
+    parser.add_argument("--perplexity", type=count_argument(0), default=4,
+                        help="with the int4 model: perplexity of both models on this many of Lab 4's windows of 512 "
+                             "tokens (0: skip; --quick: at most 1)")
     parser.add_argument("--no-llama-cpp", action="store_true",
                         help="skip llama.cpp's rows (they run only where the optional llama_cpp package imports)")
     parser.add_argument("--quick", action="store_true", help="batch 1 only, 5 repeats, prefill of at most 128 tokens (overrides --batches and --repeats)")
     args = parser.parse_args(argv)
     if args.quick:
         args.batches, args.repeats, args.prefill = (1,), 5, min(args.prefill, 128)
+        args.perplexity = min(args.perplexity, 1)
 
     from ..data import ArtifactError, gguf_fallback_path, load_smollm2, resolve_model
     from ..quant.int4_cpu import int4_kernel_error, load_int4_decoder
 
-    model, _, _ = load_smollm2()                    # prints the artifact's provenance line
+    model, tokenizer, _ = load_smollm2()            # prints the artifact's provenance line
     longest = model.config.max_seq_len
     if args.context >= longest or args.prefill > longest:
         parser.error(f"--context must be < {longest} and --prefill <= {longest} (the model's max_seq_len)")
@@ -392,6 +427,11 @@ def main(argv: list[str] | None = None) -> int:
             if llama is not None:
                 ratio = ours["llama.cpp: decode step B=1"] / ours["int4: decode step B=1"]
                 print(f"at B=1 the int4 step is {ratio:.2f}x as fast as llama.cpp's (llama.cpp median / int4)")
+    if int4 is not None and args.perplexity and tokenizer is not None:
+        values, what = perplexities({"float32": model, "int4": int4}, tokenizer, args.perplexity)
+        change = values["int4"] / values["float32"] - 1
+        print(f"\nperplexity on Lab 4's windows ({what}): float32 {values['float32']:.3f}, int4 {values['int4']:.3f} "
+              f"({change:+.2%}; the same codes, bfloat16 activations and scales, float16 head)")
     print("\n" + load_note())
     return 0
 
