@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{torch.get_num_threads()} threads")
         except ImportError as exc:
             print(f"llama.cpp rows skipped: the optional llama_cpp package does not import ({exc}); "
-                  f"`pip install llama-cpp-python` compiles llama.cpp and adds them")
+                  f"`pip install -e .[llama]` (llama-cpp-python, which compiles llama.cpp) adds them")
     print(f"SmolLM2-135M float32, {torch.get_num_threads()} threads, cpu; decode at context {args.context}; "
           f"each row: the median of its timed calls after its warm-up calls (column calls); times are "
           f"measurements of this machine")
