@@ -270,7 +270,8 @@ def test_the_int4_smollm2_decodes_as_the_float32_one_within_bfloat16_rounding():
     assert float((got - want).abs().max()) <= 0.06 * float(want.abs().max())
     agree = (got.argmax(-1) == want.argmax(-1)).float().mean()
     assert agree >= 0.8 and tokenizer.decode(got[0, -1].argmax()) == tokenizer.decode(want[0, -1].argmax())
-    # the target (docs/decoder_performance.md): perplexity within 1 % of float32 on Lab 4's windows (one window here; four: -0.16 %)
+    # the target (docs/decoder_performance.md): perplexity within 1 % of float32 on Lab 4's windows
+    # (one window here; on four: -0.16 %)
     from course_lib.models.bench import perplexities
 
     values, _ = perplexities({"float32": reference, "int4": model}, tokenizer, n_windows=1)
