@@ -129,12 +129,13 @@ def test_batch_argument_parser():
 
 @pytest.mark.slow
 def test_bench_runs_on_the_real_model_beside_transformers_and_the_int4_model(capsys):
-    assert bench.main(["--quick"]) == 0
+    assert bench.main(["--quick", "--perplexity", "0"]) == 0      # perplexity: tests/test_quant_int4_cpu.py
     out = capsys.readouterr().out
     for line in (bench.FLOOR_ROW, "ours: decode step B=1", "transformers: decode step B=1",
                  "ours: prefill 128 tokens", "at B=1 ours is", bench.INT4_FLOOR_ROW, "int4: decode step B=1",
-                 "at B=1 the int4 step is", "perplexity on Lab 4's windows (1 x 512 tokens"):
+                 "at B=1 the int4 step is"):
         assert line in out
+    assert "perplexity on Lab 4's windows" not in out
     import importlib.util
 
     if importlib.util.find_spec("llama_cpp") is None:

@@ -25,10 +25,14 @@ quantising again. What changes is the rounding of ``scale`` and ``zero`` to bflo
 bits; fp16 has 11) and of the activations to bfloat16: ``Int4Linear`` computes within bfloat16
 rounding of the float32 product with the file's weights, not bitwise.
 
-Where the kernel is missing (an old torch, a CPU build without it, a model on another device) or when
-asked (``kernel=False``), ``Int4Linear`` dequantises its codes to float32 and multiplies
-(``F.linear``): the same numbers within float32 summation order, at float32 speed or slower; a one-line
-notice says so once per process.
+Where the kernel is missing (an old torch, a CPU build without it), refuses the shape (``kernel_shape_error``)
+or when asked (``kernel=False``), ``Int4Linear`` dequantises its codes to float32 and multiplies
+(``F.linear``): the same weights, the product rounded to bfloat16 as the kernel's is, at float32 speed or
+slower; a one-line notice on stderr says so once per process and reason. Either path runs on the CPU only
+(a tensor on another device is refused, naming it).
+
+Loading: the first ``load_int4_decoder`` of a process spends about 2 s in PyTorch's first random
+initialisation on the meta device (the decoder is built there, then every tensor is set from the file).
 
 ``load_int4_decoder`` builds a ``course_lib.models.Decoder`` from a GGUF file of a Llama-style model
 (SmolLM2's ``SmolLM2-135M-Instruct.Q4_1.gguf``): the 7 projections of every block become
