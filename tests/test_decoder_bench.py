@@ -128,9 +128,66 @@ def test_batch_argument_parser():
 
 
 @pytest.mark.slow
-def test_bench_runs_on_the_real_model_beside_transformers(capsys):
-    assert bench.main(["--quick"]) == 0
+def test_bench_runs_on_the_real_model_beside_transformers_and_the_int4_model(capsys):
+    assert bench.main(["--quick", "--perplexity", "0"]) == 0      # perplexity: tests/test_quant_int4_cpu.py
     out = capsys.readouterr().out
     for line in (bench.FLOOR_ROW, "ours: decode step B=1", "transformers: decode step B=1",
-                 "ours: prefill 128 tokens", "at B=1 ours is"):
+                 "ours: prefill 128 tokens", "at B=1 ours is", bench.INT4_FLOOR_ROW, "int4: decode step B=1",
+                 "at B=1 the int4 step is"):
         assert line in out
+    assert "perplexity on Lab 4's windows" not in out
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        assert "llama.cpp rows skipped: the optional llama_cpp package does not import" in out
+    else:
+        assert "llama.cpp: decode step B=1" in out
+
+
+class FakeLlama:
+    """What llama_cpp_decode_step uses of llama_cpp.Llama (n_vocab, reset, eval, n_tokens), recording the
+    positions each eval writes, as llama-cpp-python's eval does from n_tokens on."""
+
+    def __init__(self):
+        self.n_tokens, self.writes = 0, []
+
+    def n_vocab(self) -> int:
+        return 50
+
+    def reset(self) -> None:
+        self.n_tokens = 0
+
+    def eval(self, tokens) -> None:
+        assert all(0 <= t < 50 for t in tokens)
+        self.writes.append((self.n_tokens, len(tokens)))
+        self.n_tokens += len(tokens)
+
+
+def test_benchmark_int4_and_llama_rows_each_against_their_own_floor(tmp_path):
+    from test_quant_int4_cpu import write_toy_gguf
+
+    from course_lib.quant.int4_cpu import int4_streamed_bytes, load_int4_decoder
+
+    model = write_toy_gguf(tmp_path / "toy.gguf")
+    int4 = load_int4_decoder(tmp_path / "toy.gguf", model.config)
+    llama = FakeLlama()
+    table, facts = bench.benchmark(model, None, int4=int4, llama=llama, llama_bytes=12345, context=8, batches=(1, 2),
+                                   prefill_tokens=16, warmup=0, repeats=2)
+    assert list(table.measurement) == [
+        bench.FLOOR_ROW, "matrix-vector products alone (B=1)", "ours: decode step B=1", "ours: decode step B=2",
+        bench.INT4_FLOOR_ROW, "int4: products alone (B=1)", "int4: decode step B=1", "int4: decode step B=2",
+        bench.LLAMA_FLOOR_ROW, "llama.cpp: decode step B=1",
+        "ours: prefill 16 tokens", "int4: prefill 16 tokens"]
+    rows = table.set_index("measurement")
+    assert facts["int4_weight_bytes"] == int4_streamed_bytes(int4) < facts["weight_bytes"]
+    bandwidth = facts["bandwidth_gb_s"] * 1e9
+    assert facts["int4_floor_ms"] == pytest.approx(facts["int4_weight_bytes"] / bandwidth * 1e3)
+    assert facts["llama_floor_ms"] == pytest.approx(12345 / bandwidth * 1e3)
+    for floor, step in ((bench.INT4_FLOOR_ROW, "int4: decode step B=1"),
+                        (bench.LLAMA_FLOOR_ROW, "llama.cpp: decode step B=1")):
+        assert rows.loc[floor, "x B=1 floor"] == 1.0
+        ratio = rows.loc[step, "median (ms)"] / rows.loc[floor, "median (ms)"]
+        assert rows.loc[step, "x B=1 floor"] == pytest.approx(ratio)
+    assert llama.writes == [(0, 8)] + [(8, 1)] * 2                 # one prefill, then the same step each call
+    with pytest.raises(ValueError, match="llama_bytes"):
+        bench.benchmark(model, None, llama=llama, context=8, batches=(1,), prefill_tokens=0, warmup=0, repeats=1)

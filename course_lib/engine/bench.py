@@ -1,6 +1,7 @@
 """Measure the serving engine on SmolLM2-135M: batched against sequential serving, paged against contiguous.
 
-Run: ``python -m course_lib.engine.bench [--requests 8 --prompt 64 --new 64 --context 1024 --batches 1,8]``.
+Run: ``python -m course_lib.engine.bench [--requests 8 --prompt 64 --new 64 --context 1024 --batches 1,8]
+[--weights float32|int4]`` (int4: the GGUF file's Q4_1 codes as packed int4, ``course_lib.quant.int4_cpu``).
 
 1. **Throughput.** The same ``--requests`` prompts (windows of the course's text) with ``--new`` greedy
    tokens each, served (a) one after another with ``generate_cached`` and (b) all at once by the
@@ -116,14 +117,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=count_argument(1), default=11, help="timed calls per step measurement")
     parser.add_argument("--warmup", type=count_argument(0), default=3, help="untimed calls before each")
     parser.add_argument("--skip-throughput", action="store_true", help="only the paged/contiguous steps")
+    parser.add_argument("--weights", choices=("float32", "int4"), default="float32",
+                        help="the model's weights: float32 (the reference) or int4 (the GGUF file's Q4_1 codes "
+                             "through PyTorch's CPU int4 matmul, course_lib.quant.int4_cpu)")
     args = parser.parse_args(argv)
 
     from ..data import load_smollm2
 
-    model, tokenizer, _ = load_smollm2()
+    model, tokenizer, _ = load_smollm2(weights=args.weights)
     if args.context >= model.config.max_seq_len:
         parser.error(f"--context must be < the model's max_seq_len {model.config.max_seq_len}")
-    print(f"SmolLM2-135M float32, {torch.get_num_threads()} threads, cpu; every figure measured in this run")
+    print(f"SmolLM2-135M {args.weights}, {torch.get_num_threads()} threads, cpu; every figure measured in this run")
     if not args.skip_throughput:
         prompts = text_prompts(tokenizer, args.requests, args.prompt)
         r = throughput(model, prompts, args.new)

@@ -7,8 +7,10 @@ perplexity), ``layers`` (a decoder's linear layers, temporary weight swaps), ``o
 (activation maxima through forward pre-hooks), ``smoothquant`` (W8A8 and SmoothQuant), ``awq``
 (activation-aware weight scaling for one layer), ``gptq`` (Hessians and GPTQ), ``floats`` (fp32,
 bf16, fp16 and fp8 layouts: largest finite value, machine epsilon). ``kv_cache`` (the simulated
-int8 KV cache) wraps the decoder's attention, so it sits above ``course_lib.models`` and is imported
-as ``course_lib.quant.kv_cache``, not from here (docs/architecture.md#layers).
+int8 KV cache) wraps the decoder's attention and ``int4_cpu`` (the GGUF file's Q4_1 codes as packed int4
+through PyTorch's CPU int4 matmul, and the int4 decoder) builds decoders, so both sit above
+``course_lib.models`` and are imported as ``course_lib.quant.kv_cache`` / ``course_lib.quant.int4_cpu``,
+not from here (docs/architecture.md#layers).
 """
 from .formats import (FORMATS, GRANULARITIES, SCALE_BYTES, SCALE_TORCH_DTYPES, QuantizedTensor, QuantScheme,
                       StorageBytes, StorageFormat, bits_per_weight, dequantize, fake_quantize, qmax, quantize,

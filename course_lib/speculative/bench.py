@@ -1,7 +1,8 @@
 """Prompt lookup against plain greedy decoding on SmolLM2-135M, side by side in one run.
 
 Run: ``python -m course_lib.speculative.bench [--gamma 4] [--tokens 64] [--repeats 3] [--quick]
-[--no-self-draft]``.
+[--no-self-draft] [--weights float32|int4]`` (int4: the target with the GGUF file's Q4_1 codes as packed int4,
+``course_lib.quant.int4_cpu``).
 
 The prompts ask the model to quote or edit a passage (repeat a paragraph, fix its typos, rename a
 variable in code, add type hints to code, quote a letter), the case prompt lookup decoding
@@ -201,16 +202,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds per prompt")
     parser.add_argument("--quick", action="store_true", help="2 prompts, 32 tokens, 1 timed round")
     parser.add_argument("--no-self-draft", action="store_true", help="skip the truncated self-draft rows")
+    parser.add_argument("--weights", choices=("float32", "int4"), default="float32",
+                        help="the model's weights: float32 (the reference) or int4 (the GGUF file's Q4_1 codes "
+                             "through PyTorch's CPU int4 matmul, course_lib.quant.int4_cpu)")
     args = parser.parse_args(argv)
 
     from ..data import load_smollm2
 
-    model, tokenizer, provenance = load_smollm2()
+    model, tokenizer, provenance = load_smollm2(weights=args.weights)
     print(provenance)
     names = list(PROMPTS)[:2] if args.quick else list(PROMPTS)
     tokens, repeats = (min(args.tokens, 32), 1) if args.quick else (args.tokens, args.repeats)
     prompts = {name: prompt_ids(tokenizer, PROMPTS[name]) for name in names}
-    print(f"SmolLM2-135M, {torch.get_num_threads()} threads, {model.embed_tokens.weight.device}; gamma {args.gamma}, "
+    print(f"SmolLM2-135M {args.weights}, {torch.get_num_threads()} threads, {model.embed_tokens.weight.device}; "
+          f"gamma {args.gamma}, "
           f"{tokens} new tokens per prompt; median of {repeats} timed rounds after {args.warmup} warm-up; "
           f"times are measurements of this machine")
     print("\nprompt lookup (max_ngram 3) against plain greedy:")
