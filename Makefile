@@ -42,7 +42,7 @@ LAB_ROOT_NOTE := make lab: running as root (uid 0, as in a container), so adding
 # tools off) before any other Jupyter config folder; the user's own config is left as it is.
 LAB_ENV = JUPYTER_CONFIG_PATH=$(abspath jupyter)$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}
 
-.PHONY: help setup sandbox model run test test-full test-fast test-lib test-notebooks test-grading-core test-grading test-hostile test-browser lab hub-proxy hub release samples hostile grade export clean
+.PHONY: help setup sandbox model run test test-full test-fast test-lib test-notebooks test-grading-core test-grading test-grading-rest test-hostile test-browser lab hub-proxy hub release samples hostile grade export clean
 
 help:
 	@echo "make setup       create .venv and install every pinned dependency (the other targets do it first)"
@@ -51,7 +51,8 @@ help:
 	@echo "make run         execute the solution notebooks, regenerate labs/, grade the sample submissions"
 	@echo "make test        library tests, nbval on solutions/, labs/ in sync, the solution samples graded, the browser checks (about 20 min)"
 	@echo "make test-full   make test, then every sample (the injected faults) and the hostile submissions graded: what CI runs (about 31 min)"
-	@echo "make test-grading  grade every sample submission against expected_scores.csv (part of make test-full)"
+	@echo "make test-grading  grade every sample submission against expected_scores.csv"
+	@echo "make test-grading-rest  the same for every sample but the solutions test-grading-core grades (part of make test-full, after make test)"
 	@echo "make test-fast   the unit tests without the slow ones (about a minute on an idle 2-core machine): run it while editing"
 	@echo "make test-hostile  grade autograder/hostile/ and check nothing outside the work folder changed (part of make test-full)"
 	@echo "make test-browser  open every lab and solution in JupyterLab in chromium, run the set-up and widget cells, move the sliders (part of make test; screenshots in build/browser/)"
@@ -113,10 +114,10 @@ run: model sandbox
 # are test-full's; CI (.ci/run) runs make test, then them.
 test: model test-lib test-notebooks test-grading-core test-browser
 
-# one after the other, also under make -j: test-hostile checks the gradebook test-grading wrote
+# one after the other, also under make -j: test-hostile checks the gradebook test-grading-rest wrote
 test-full:
 	$(MAKE) --no-print-directory test
-	$(MAKE) --no-print-directory test-grading
+	$(MAKE) --no-print-directory test-grading-rest
 	$(MAKE) --no-print-directory test-hostile
 
 # While editing: unit tests only (no kernels, sandboxes, nbgrader or real-model runs), on every core.
@@ -145,6 +146,16 @@ test-grading-core: setup sandbox
 test-grading: setup sandbox
 	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --per-test --no-similarity \
 	  $(GRADE_ARGS)
+
+# After make test (test-full, CI): every sample but CORE_SAMPLES, which test-grading-core has just graded
+# (grading the solutions twice cost CI about 75 s).
+comma := ,
+empty :=
+space := $(empty) $(empty)
+REST_SAMPLES = $(subst $(space),$(comma),$(strip $(filter-out $(CORE_SAMPLES),$(patsubst autograder/samples/%/,%,$(wildcard autograder/samples/*/)))))
+test-grading-rest: setup sandbox
+	$(BIN)/python -m course_grader.grade autograder/samples --jobs $(JOBS) --expected $(EXPECTED) --per-test --no-similarity \
+	  --learners $(REST_SAMPLES) $(GRADE_ARGS)
 
 # Hostile submissions (autograder/hostile/): cheats, crashes, bombs and escapes graded to their
 # expected scores, with checks that nothing outside the work folder and no other grade changed.

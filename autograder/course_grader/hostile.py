@@ -18,7 +18,7 @@ unless every score matches, and:
 - nothing in the repository changed outside the driver's own work folder (every file's
   sha256, .venv included, before and after; __pycache__ folders skipped);
 - an existing gradebook from an earlier run (build/grading/course/gradebook.db, written by
-  `make test-grading`) is byte-identical afterwards;
+  `make test-grading` or `test-grading-rest`) is byte-identical afterwards;
 - no process of the sandbox's uid range is left, and no file owned by it outside the work
   folder;
 - the driver's per-shard check passed (in every shard, the gradebook rows of other learners
@@ -1195,7 +1195,7 @@ def check(jobs: int) -> int:
     old_gradebook = OLD_GRADEBOOK.read_bytes() if OLD_GRADEBOOK.is_file() else None
     leftovers = set(sandbox_leftovers(WORK))   # from earlier runs; only new ones count
     print(f"hostile check: {len(before):,} files hashed; earlier gradebook "
-          f"{'found' if old_gradebook is not None else 'absent (run make test-grading first to check it)'}",
+          f"{'found' if old_gradebook is not None else 'absent (run make test-grading or test-grading-rest first to check it)'}",
           flush=True)
     start = time.monotonic()
     code = subprocess.call([sys.executable, "-m", "course_grader.grade", str(HOSTILE), "--work", str(WORK),
