@@ -60,8 +60,8 @@ help:
 	@echo "make hub-proxy   install the course hub's pinned configurable-http-proxy (npm ci into build/hub-node/; needs Node.js 20+)"
 	@echo "make hub         run the course JupyterHub (autograder/hub/jupyterhub_config.py; autograder/README.md, Running a course hub)"
 	@echo "make release     regenerate labs/ from solutions/ (nbgrader generate_assignment)"
-	@echo "make grade SUBMISSIONS=DIR [JOBS=N] [GRADE_ARGS='--per-test --seed N']   autograde DIR/{learner}/{lab}/{lab}.ipynb (JOBS default 2)"
-	@echo "make export [GRADES=build/grading/grades.csv] [ROSTER=FILE] [CANVAS=1|send]   gradebook.csv and Canvas's import CSV from grades.csv; CANVAS=1 shows what would be sent to Canvas, CANVAS=send sends it"
+	@echo "make grade SUBMISSIONS=DIR [JOBS=N] [COURSE=FILE] [GRADE_ARGS='--per-test --seed N']   autograde DIR/{learner}/{lab}/{lab}.ipynb (JOBS: submissions at once, default 2 here; the driver's own --jobs default is 1)"
+	@echo "make export [GRADES=build/grading/grades.csv] [COURSE=FILE] [ROSTER=FILE] [CANVAS=1|send]   gradebook.csv and Canvas's import CSV from grades.csv; CANVAS=1 shows what would be sent to Canvas, CANVAS=send sends it"
 	@echo "make samples     regenerate autograder/samples/ and expected_scores.csv (from the labs' FAULTS tables) and autograder/hostile/"
 	@echo "make hostile     regenerate autograder/hostile/ alone"
 	@echo "make clean       remove build/, autograder/work/ and .pytest_cache"
@@ -214,11 +214,11 @@ hostile: setup
 	$(BIN)/python -m course_grader.hostile build
 
 grade: model sandbox
-	$(BIN)/python -m course_grader.grade $(SUBMISSIONS) --jobs $(JOBS) $(GRADE_ARGS)
+	$(BIN)/python -m course_grader.grade $(SUBMISSIONS) --jobs $(JOBS) $(if $(COURSE),--course $(COURSE)) $(GRADE_ARGS)
 
 GRADES ?= build/grading/grades.csv
 export: setup
-	$(BIN)/python -m course_grader.lms $(GRADES) $(if $(ROSTER),--roster $(ROSTER)) $(if $(filter 1,$(CANVAS)),--canvas) $(if $(filter send,$(CANVAS)),--canvas --send)
+	$(BIN)/python -m course_grader.lms $(GRADES) $(if $(COURSE),--course $(COURSE)) $(if $(ROSTER),--roster $(ROSTER)) $(if $(filter 1,$(CANVAS)),--canvas) $(if $(filter send,$(CANVAS)),--canvas --send)
 
 clean:
 	rm -rf $(BUILD) autograder/work .pytest_cache

@@ -190,7 +190,7 @@ def test_hub_config_reads_its_environment(tmp_path, monkeypatch):
     assert c.JupyterHub.load_groups == {INSTRUCTOR_GROUP: {"users": ["teacher"]}, LEARNER_GROUP: {"users": []}}
     assert [s["name"] for s in c.JupyterHub.services] == ["course-admin", "grade-on-submit"]
     grader = c.JupyterHub.services[1]   # a managed service: the hub runs the on-submit worker
-    assert grader["command"] == [str(BIN / "python"), "-m", "course_grader.on_submit", "--course-root",
+    assert grader["command"] == [str(BIN / "python"), "-P", "-m", "course_grader.on_submit", "--course-root",
                                  str(tmp_path / "course"), "--exchange", str(tmp_path / "x")]
     assert "user" not in grader and "api_token" not in grader and grader["cwd"] == str(tmp_path / "course")
     assert not any("grade-on-submit" in role.get("services", []) for role in c.JupyterHub.load_roles)

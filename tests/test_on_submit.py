@@ -98,6 +98,7 @@ def test_status_file_records_each_job_and_a_restart_grades_nothing_twice(tmp_pat
     assert list(third.waiting) == [ann]
     third.run(interval=0.01, once=True)
     assert ran == ["ann", "bo", "ann"] and on_submit.read_status(status)[ann]["state"] == "graded"
+
     table = on_submit.show(status)
     assert "graded" in table and "failed" in table and "11 / 13" in table and "2 submission(s)" in table
 
@@ -197,3 +198,37 @@ def test_jobs_run_as_tasks_on_a_dask_scheduler(tmp_path):
     assert states(worker) == {ann: "graded", bo: "graded"}
     records = worker.records.values()
     assert all("Dask-Default-Threads" in r["where"] and r["score"] == 1.0 for r in records), worker.records
+
+
+def test_show_gives_the_score_after_the_late_penalty_and_a_failures_cause(tmp_path):
+    """--show: the score the learner's feedback shows (after the penalty), with the raw score and the
+    penalty beside it; a failed job's first line and the line of the child's output that says why."""
+    status = tmp_path / "status.jsonl"
+    late = {"inbound": "ann+lab+t", "learner": "ann", "lab": LAB, "timestamp": "t", "state": "graded",
+            "queued": "q", "finished": "f", "score": 8.0, "raw_score": 16.0, "penalty": 8.0, "max_score": 16.0}
+    failed = {"inbound": "bo+lab+t", "learner": "bo", "lab": LAB, "timestamp": "t", "state": "failed", "queued": "r",
+              "error": "JobError: grading bo lab exited 1:\nTraceback (most recent call last):\n  File x\n"
+                       "nbgrader.api.MissingEntry: No assignment with ID 'lab' exists\n[AutogradeApp | INFO] done"}
+    status.write_text(json.dumps(late) + "\n" + json.dumps(failed) + "\n")
+    table = on_submit.show(status).splitlines()
+    assert "8 / 16" in table[1] and "late penalty 8 (raw 16)" in table[1]
+    assert "exited 1: ... nbgrader.api.MissingEntry: No assignment with ID 'lab' exists" in table[2]
+    assert on_submit.error_summary("") == "" and on_submit.error_summary("one line") == "one line"
+
+
+def test_a_job_does_not_import_the_course_roots_own_packages(tmp_path):
+    """A course root that holds its own course_grader (a clone of the course) must not shadow this
+    venv's in the job's child, which runs in that folder: the sandboxed kernel imports the venv's,
+    and a mismatch scores every learner 0 (the child runs with ``python -P``)."""
+    root = tmp_path / "course"
+    shadow = root / "course_grader"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("")
+    (shadow / "on_submit.py").write_text("import sys\nprint('SHADOW course_grader ran')\nsys.exit(3)\n")
+    with pytest.raises(on_submit.JobError) as caught:
+        on_submit.grade_submission(str(root), str(tmp_path / "exchange"), "ann", LAB)
+    # this venv's on_submit ran, and refused: the folder is no course (no solutions/LAB)
+    assert "SHADOW" not in str(caught.value) and "exited 2" in str(caught.value), caught.value
+    assert "expected a plain learner id and a lab" in str(caught.value)
+    from course_grader.hub import grade_on_submit_service
+    assert grade_on_submit_service()["command"][1:4] == ["-P", "-m", "course_grader.on_submit"]

@@ -102,7 +102,9 @@ def grade_on_submit_service() -> dict:
     if os.environ.get("COURSE_LIB_CACHE"):
         environment["COURSE_LIB_CACHE"] = os.environ["COURSE_LIB_CACHE"]
     service = {"name": "grade-on-submit", "cwd": course_root(), "environment": environment,
-               "command": [str(VENV_BIN / "python"), "-m", "course_grader.on_submit",
+               # -P: the course root (the working folder) is not put on sys.path, so the service imports
+               # this checkout's course_grader, the one its venv (and so the sandboxed kernel) imports
+               "command": [str(VENV_BIN / "python"), "-P", "-m", "course_grader.on_submit",
                            "--course-root", course_root(), "--exchange", exchange_root()]}
     if os.environ.get("COURSE_HUB_GRADER_USER"):
         service["user"] = os.environ["COURSE_HUB_GRADER_USER"]

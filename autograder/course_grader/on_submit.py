@@ -25,8 +25,9 @@ stays in the exchange for the instructor's batch (``nbgrader collect`` takes the
 Status file (JSON lines, ``<course root>/autograder/work/grade_on_submit.jsonl`` unless ``--status``):
 one line per change of a job's state, the newest line of a submission being its state now:
 ``inbound`` (the exchange folder's name), ``learner``, ``lab``, ``timestamp``, ``state`` (queued,
-running, graded, failed, skipped), ``queued``/``started``/``finished`` (UTC, ISO 8601), ``score``,
-``max_score``, ``graded_timestamp``, ``reason`` (skipped) or ``error`` (failed). A worker that starts
+running, graded, failed, skipped), ``queued``/``started``/``finished`` (UTC, ISO 8601), ``score`` (what
+the learner's feedback shows: after the late penalty), ``raw_score``, ``penalty``, ``max_score``,
+``graded_timestamp``, ``reason`` (skipped) or ``error`` (failed). A worker that starts
 again reads it: a finished or skipped submission is never graded twice, a queued or running one is
 queued again. ``--show`` prints it as a table.
 
@@ -146,6 +147,24 @@ def run_nbgrader_steps(steps: list[list[str]]) -> None:
             app.reset()
 
 
+def check_kernel_imports() -> None:
+    """Refuse a job whose sandboxed kernel would import another course_lib than this process (the
+    driver's check, ``grade.check_kernel_course_lib``): otherwise every test fails its first import
+    and the learner gets a page of zeros. Skipped where the sandbox cannot run (the course config
+    then refuses to start a kernel by itself).
+
+    Raises:
+        JobError: naming both locations.
+    """
+    from . import grade, sandbox
+    if not sandbox.sandbox_status()[0]:
+        return
+    try:
+        grade.check_kernel_course_lib()
+    except grade.InfrastructureError as exc:
+        raise JobError(f"not graded: {exc}") from None
+
+
 def grade_submission(course_root: str, exchange: str, learner: str, lab: str) -> dict:
     """Grade LEARNER's newest submission of LAB from the exchange at EXCHANGE: collect, autograde,
     generate_feedback and release_feedback (``nbgrader_steps``, nbgrader's commands as an instructor
@@ -153,7 +172,8 @@ def grade_submission(course_root: str, exchange: str, learner: str, lab: str) ->
     where it is called: a worker thread, or a Dask worker that sees COURSE_ROOT and EXCHANGE at the
     same paths.
 
-    Returns: {"started", "finished" (UTC ISO 8601), "score", "max_score" (points, from the
+    Returns: {"started", "finished" (UTC ISO 8601), "score" (after the late penalty), "raw_score",
+    "penalty", "max_score" (points, from the
     gradebook), "graded_timestamp" (the submission's time, from its timestamp.txt)}.
 
     Raises:
@@ -162,7 +182,10 @@ def grade_submission(course_root: str, exchange: str, learner: str, lab: str) ->
     from nbgrader.api import Gradebook
 
     started, root = now(), Path(course_root)
-    command = [sys.executable, "-m", "course_grader.on_submit", "--course-root", str(root), "--exchange",
+    # -P: the child runs in COURSE_ROOT, which must not come first on sys.path: a course root that is a
+    # clone of the course would shadow the course_lib and course_grader of this venv, which the
+    # sandboxed kernel imports (every learner would score 0; --grade-one checks it)
+    command = [sys.executable, "-P", "-m", "course_grader.on_submit", "--course-root", str(root), "--exchange",
                str(exchange), "--grade-one", learner, lab]
     with subprocess.Popen(command, cwd=root, env=course_env(root, Path(exchange)), stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace") as child:
@@ -176,8 +199,11 @@ def grade_submission(course_root: str, exchange: str, learner: str, lab: str) ->
     stamp = root / WORK / "submitted" / learner / lab / "timestamp.txt"
     with Gradebook("sqlite:///" + str(root / WORK / "gradebook.db"), COURSE_ID) as gb:
         sub = gb.find_submission(lab, learner)
-        score, max_score = float(sub.score), float(sub.max_score)
-    return {"started": started, "finished": now(), "score": score, "max_score": max_score,
+        raw, penalty, max_score = float(sub.score), float(sub.late_submission_penalty or 0), float(sub.max_score)
+    # the score the learner's feedback shows: after the late penalty (course_grader.late), as nbgrader's
+    # export computes it (nbgrader.plugins.export)
+    return {"started": started, "finished": now(), "score": max(0.0, raw - penalty), "max_score": max_score,
+            "raw_score": raw, "penalty": penalty,
             "graded_timestamp": stamp.read_text().strip() if stamp.is_file() else None}
 
 
@@ -327,13 +353,30 @@ class Worker:
             time.sleep(interval if not once else min(interval, 0.2))
 
 
+def error_summary(error: str) -> str:
+    """A failed job's error in one line: its first line, and where the cause usually is: the last
+    traceback's exception line (``module.Name: message``), else the last line of the child's output
+    that says ``ERROR``, ``error:``, ``cannot`` or refuses."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    # a traceback's own last line, "module.Name: message"; else a line that says error or refuses
+    tracebacks = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    after = lines[tracebacks[-1] + 1:] if tracebacks else []
+    cause = next((line for line in reversed(after) if re.match(r"[A-Za-z_][\w.]*: ", line)), "") or \
+        next((line for line in reversed(lines[1:]) if re.search(r"ERROR|[Ee]rror:|cannot|refus", line)), "")
+    return lines[0] + (f" ... {cause}" if cause else "")
+
+
 def show(status: Path) -> str:
     """The status file as a table: one line per submission, its state now."""
     records = read_status(status)
     lines = [f"{'learner':<20} {'lab':<22} {'submitted':<30} {'state':<8} {'score':>11}  finished / why"]
     for r in sorted(records.values(), key=lambda r: r.get("queued") or ""):
         score = f"{r['score']:g} / {r['max_score']:g}" if r.get("score") is not None else ""
-        why = r.get("reason") or (r.get("error") or "").split("\n")[0] or r.get("finished") or ""
+        why = r.get("reason") or error_summary(r.get("error") or "") or r.get("finished") or ""
+        if r.get("penalty"):
+            why = f"late penalty {r['penalty']:g} (raw {r['raw_score']:g}); {why}"
         lines.append(f"{printable(r['learner'])[:20]:<20} {printable(r['lab'])[:22]:<22} "
                      f"{printable(r['timestamp'])[:30]:<30} {r['state']:<8} {score:>11}  {printable(why)}")
     return "\n".join(lines) + f"\n{len(records)} submission(s) in {status}"
@@ -403,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(course_env(args.course_root.resolve(), args.exchange.resolve()))
         os.chdir(args.course_root)
         try:
+            check_kernel_imports()
             run_nbgrader_steps(nbgrader_steps(learner, lab))
         except JobError as exc:
             print(f"{prog}: {exc}", file=sys.stderr)

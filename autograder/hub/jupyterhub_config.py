@@ -132,8 +132,11 @@ c.Spawner.server_token_scopes = _server_token_scopes
 # Learners' servers run this checkout's venv, so under LocalProcessSpawner each learner's account
 # can read what the checkout's permissions allow: keep the solutions and grading folders private
 # (autograder/README.md, "Running a course hub").
-for _private in ("solutions", "autograder/samples", "autograder/hostile", "autograder/work"):
-    _path = os.path.join(str(REPO), _private)
+# The course root, when it is another clone, holds the same folders, and autograder/work/ there is
+# the gradebook and every learner's submission.
+for _root, _private in [(_r, _p) for _r in dict.fromkeys([str(REPO), os.path.abspath(course_root())])
+                        for _p in ("solutions", "autograder/samples", "autograder/hostile", "autograder/work")]:
+    _path = os.path.join(_root, _private)
     if os.path.exists(_path) and os.stat(_path).st_mode & 0o004:
         print(f"jupyterhub_config.py: WARNING: {_path} is readable by every account; learners' servers can "
               f"read it (chmod -R o-rwx {_path})", flush=True)
