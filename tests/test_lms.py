@@ -168,6 +168,7 @@ def test_dry_run_contacts_nothing(tmp_path, capsys, stub_canvas):
     assert _StubCanvas.posts == []
     out = capsys.readouterr().out
     assert "dry run: would send 3 grade(s) of 01_roofline" in out and "assignment 11 (Lab 1)" in out
+    assert "  Canvas user 101: 16\n" in out and "  Canvas user 102: 0\n" in out   # who would get what
 
 
 @pytest.mark.filterwarnings("ignore:Canvas may respond unexpectedly")

@@ -160,6 +160,8 @@ def upload(plan: dict[str, dict], term: Term, token: str | None = None, poll_sec
             a = term.lms.assignments[lab]
             log(f"dry run: would send {len(grades)} grade(s) of {lab} to {term.lms.url} course "
                 f"{term.lms.course_id} assignment {a.id} ({a.name}); add --send to send them")
+            for user, grade in grades.items():   # Canvas user id -> the posted grade, as it would be sent
+                log(f"  Canvas user {user}: {grade['posted_grade']}")
         return
     from canvasapi import Canvas
     from canvasapi.exceptions import CanvasException
