@@ -83,6 +83,8 @@ def _refused(tmp_path, capsys, args, *, course=COURSE, roster=ROSTER, env=None, 
     ("learner,canvas_id,email\nada,1,a@x\n", "unknown column(s) ['email']"),
     ("learner,canvas_id\nada,1\nada,2\n", "learner 'ada' is listed twice"),
     ("learner,canvas_id\nada,x1\n", "canvas_id of 'ada' must be a positive integer"),
+    ("learner,canvas_id\nada,\u00b2\n", "canvas_id of 'ada' must be a positive integer"),   # int('²') raised ValueError
+    ("learner,canvas_id\nada,\uff11\uff12\n", "canvas_id of 'ada' must be a positive integer"),   # fullwidth 12
     ("learner,canvas_id\nada,5\nbo,5\n", "canvas_id 5 is also the id of 'ada'"),
 ])
 def test_bad_roster_is_refused_by_name_and_nothing_written(tmp_path, capsys, roster, field):

@@ -108,7 +108,7 @@ def read_roster(path: Path | str) -> dict[str, RosterEntry]:
         if learner in roster:
             raise TermError(f"roster {path} line {line}: learner {learner!r} is listed twice")
         raw = (row.get("canvas_id") or "").strip()
-        if not raw.isdigit() or int(raw) <= 0:
+        if not (raw.isascii() and raw.isdigit()) or int(raw) <= 0:   # "²" and "１２" are digits to isdigit
             raise TermError(f"roster {path} line {line}: canvas_id of {learner!r} must be a positive integer, "
                             f"got {raw!r}")
         cid = int(raw)
@@ -249,7 +249,10 @@ def _deadlines(raw, path: Path, labs) -> dict[str, dt.datetime]:
             raise TermError(f"{where}: expected a date-time with a time zone, got {value!r}")
         if value.tzinfo is None or value.utcoffset() is None:
             raise TermError(f"{where}: {value.isoformat()} has no time zone: add one (Z for UTC, or +01:00)")
-        out[lab] = value.astimezone(dt.timezone.utc)
+        try:
+            out[lab] = value.astimezone(dt.timezone.utc)
+        except OverflowError:
+            raise TermError(f"{where}: {value.isoformat()} is out of range in UTC") from None
     return out
 
 
@@ -336,9 +339,14 @@ def load(path: Path | str = COURSE_FILE, labs: tuple[str, ...] | None = None) ->
         roster = (path.parent / _str(raw["roster"], f"{path}: roster")).resolve()
     deadlines = _deadlines(raw.get("deadlines", {}), path, labs)
     extensions = _extensions(raw.get("extensions", {}), path, roster)
-    for learner, lab in extensions:
+    for (learner, lab), extra in extensions.items():
         if lab not in deadlines:
             raise TermError(f"{path}: [extensions] {learner} {lab}: the lab has no deadline in [deadlines]")
+        try:
+            deadlines[lab] + extra
+        except OverflowError:
+            raise TermError(f"{path}: [extensions] {learner} {lab}: the deadline with this extension is past "
+                            "the year 9999") from None
     return Term(path, lms=_lms(raw["lms"], path, labs) if "lms" in raw else None, roster=roster, deadlines=deadlines,
                 extensions=extensions, late_policy=_late_policy(raw.get("late_policy", {}), path),
                 similarity_threshold=_similarity(raw.get("similarity", {}), path),
