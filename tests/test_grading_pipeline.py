@@ -603,6 +603,8 @@ def test_notebook_validation(tmp_path):
     assert "nbformat 3" in driver.notebook_problem(folder, LAB)
     path.write_bytes(b"\xff\xfe")
     assert "not UTF-8" in driver.notebook_problem(folder, LAB)
+    path.write_text("[" * 100_000)   # json.loads raised RecursionError, which stopped the whole batch
+    assert "nested too deep" in driver.notebook_problem(folder, LAB)
     nbformat.write(new_notebook(), path)
     assert driver.notebook_problem(folder, LAB) == ""
     assert "glob" in driver.learner_id_problem("a*b")

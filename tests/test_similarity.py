@@ -169,3 +169,15 @@ def test_the_summary_caps_the_printed_pairs():
     lines = similarity.summary_lines(similarity.Result(pairs, [], 0.8), Path("s.csv"), cap=20)
     assert lines[0].startswith("25 similar pair(s)") and len(lines) == 22
     assert lines[-1] == "  ... and 5 more in s.csv"
+
+
+def test_a_notebook_nested_too_deep_to_parse_is_skipped_not_a_crash(tmp_path):
+    """Hostile review: json.loads raises RecursionError (not a ValueError) on '[' * 100000, which
+    stopped the whole comparison, every lab and learner."""
+    folder = tmp_path / "submitted"
+    for learner, text in (("deep", '{"cells": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+                          ("ann", json.dumps(notebook(ALICE)))):
+        (folder / learner / LAB).mkdir(parents=True)
+        (folder / learner / LAB / f"{LAB}.ipynb").write_text(text)
+    result = similarity.compare_submissions(folder, [LAB], RELEASE, 0.8)
+    assert result.skipped == [(LAB, "deep", "not compared: RecursionError")] and result.pairs == []

@@ -274,6 +274,8 @@ def notebook_problem(folder: Path, lab: str) -> str:
         return f"{path.name} is not UTF-8 text: {exc}"
     except json.JSONDecodeError as exc:
         return f"{path.name} is not valid JSON: {exc}"
+    except RecursionError:
+        return f"{path.name} is JSON nested too deep to read"
     if not isinstance(nb, dict):
         return f"{path.name} is JSON but not a notebook (top level is {type(nb).__name__})"
     if nb.get("nbformat") != 4:

@@ -196,7 +196,7 @@ def compare_submissions(submissions: Path, labs: list[str], release: Path, thres
     """Compare every pair of learners' exercise cells (only LEARNERS[lab], when given) of each of LABS under
     SUBMISSIONS (``{learner}/{lab}/{lab}.ipynb``); the starter code is RELEASE/{lab}/{lab}.ipynb's
     exercise cells (a missing release: no starter code removed, said in ``skipped`` as learner "*"). A
-    notebook that is not readable JSON, or whose exercise code is longer than ``MAX_CHARS``, is skipped
+    notebook that is not readable JSON (or is nested too deep to parse), or whose exercise code is longer than ``MAX_CHARS``, is skipped
     (listed)."""
     pairs, skipped = [], []
     for lab in labs:
@@ -212,7 +212,7 @@ def compare_submissions(submissions: Path, labs: list[str], release: Path, thres
                 continue
             try:
                 code = exercise_code(json.loads(path.read_bytes().decode("utf-8")))
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, RecursionError) as exc:   # RecursionError: JSON nested too deep
                 skipped.append((lab, learner, f"not compared: {type(exc).__name__}"))
                 continue
             if len(code) > MAX_CHARS:
