@@ -197,3 +197,43 @@ def test_jobs_run_as_tasks_on_a_dask_scheduler(tmp_path):
     assert states(worker) == {ann: "graded", bo: "graded"}
     records = worker.records.values()
     assert all("Dask-Default-Threads" in r["where"] and r["score"] == 1.0 for r in records), worker.records
+
+
+def test_hostile_inbound_entries_are_skipped_saying_why_and_never_stop_the_worker(tmp_path, monkeypatch):
+    """Hostile review: an inbound entry is the learner's to shape. A notebook linked to solutions/ was
+    collected (nbgrader copies what a link points to) and shown in the learner's feedback; a huge (sparse)
+    timestamp.txt was read whole; a fifo named timestamp.txt blocked the scan; an unreadable folder raised
+    PermissionError out of scan (the worker stopped for everyone); a time in the name that is not a date
+    was queued though nbgrader collect refuses it."""
+    import os
+    exchange, inbound = tmp_path / "exchange", tmp_path / "exchange" / COURSE_ID / "inbound"
+    linked = hand_in(exchange, "eve")
+    notebook = inbound / linked / f"{LAB}.ipynb"
+    notebook.unlink()
+    notebook.symlink_to(tmp_path / "solutions.ipynb")
+    huge = hand_in(exchange, "hal", complete=False)
+    with open(inbound / huge / "timestamp.txt", "wb") as f:
+        f.write(b"2027-01-10 10:00:00.000001 UTC\n")
+        f.truncate(1 << 40)                                       # 1 TiB, sparse
+    fifo = hand_in(exchange, "fay", complete=False)
+    os.mkfifo(inbound / fifo / "timestamp.txt")
+    locked = hand_in(exchange, "lou")
+    not_a_date = hand_in(exchange, "dan", stamp="yesterday")
+    fine = hand_in(exchange, "ann")
+    real_walk = os.walk
+    monkeypatch.setattr(on_submit.os, "walk", lambda top, **kw: (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied")) if Path(top).name == locked else real_walk(top, **kw))
+    jobs = ManualJobs()
+    worker = on_submit.Worker(tmp_path / "course", exchange, per_learner=2, jobs=5, submit=jobs, labs=(LAB,))
+    worker.step()
+    assert states(worker) == {linked: "skipped", huge: "running", fifo: "skipped", locked: "skipped",
+                              not_a_date: "skipped", fine: "running"}
+    assert "symbolic links or special files in the submission (01_roofline.ipynb)" in worker.records[linked]["reason"]
+    assert "(timestamp.txt)" in worker.records[fifo]["reason"]
+    assert "cannot be read: PermissionError" in worker.records[locked]["reason"]
+    assert "the time in the folder name is not a date" in worker.records[not_a_date]["reason"]
+    # the job checks every entry collect would copy, not only the one that queued it: a later-named
+    # linked entry of the same learner and lab is refused there
+    assert on_submit.collect_problem(inbound, "ann", LAB) == ""
+    assert "symbolic links or special files" in on_submit.collect_problem(inbound, "eve", LAB)
+    assert "not a date" in on_submit.collect_problem(inbound, "dan", LAB)
