@@ -78,6 +78,18 @@ def _refused(tmp_path, capsys, args, *, course=COURSE, roster=ROSTER, env=None, 
     return capsys.readouterr().err
 
 
+def test_formula_cells_of_the_roster_are_quoted_and_infinite_scores_refused(tmp_path, capsys):
+    """Hostile review: a display name such as =cmd|' /C calc'!A0 went into canvas_gradebook.csv as is (a
+    spreadsheet opening it runs it); a score of inf or 1e999 in a tampered grades.csv went to Canvas as 'inf'."""
+    course = _course(tmp_path, roster=ROSTER + "zed,104,=cmd|' /C calc'!A0,@S4,+z@x,-B\n")
+    assert lms.main([str(tmp_path / "grades.csv"), "--course", str(course)]) == 0
+    assert ["'=cmd|' /C calc'!A0", "104", "'@S4", "'+z@x", "'-B", "9", ""] in _rows(tmp_path / "canvas_gradebook.csv")
+    for bad in ("inf", "-1e999"):
+        (tmp_path / "grades.csv").write_text(GRADES.replace("zed,01_roofline,9,", f"zed,01_roofline,{bad},"))
+        with pytest.raises(term.TermError, match=f"score of 'zed' / '01_roofline' is not a finite number: '{bad}'"):
+            lms.read_grades(tmp_path / "grades.csv")
+
+
 @pytest.mark.parametrize("roster, field", [
     ("learner,name\nada,Ada\n", "missing column(s) ['canvas_id']"),
     ("learner,canvas_id,email\nada,1,a@x\n", "unknown column(s) ['email']"),
