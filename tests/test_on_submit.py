@@ -237,3 +237,24 @@ def test_hostile_inbound_entries_are_skipped_saying_why_and_never_stop_the_worke
     assert on_submit.collect_problem(inbound, "ann", LAB) == ""
     assert "symbolic links or special files" in on_submit.collect_problem(inbound, "eve", LAB)
     assert "not a date" in on_submit.collect_problem(inbound, "dan", LAB)
+
+
+def test_with_a_roster_made_up_learner_ids_are_skipped(tmp_path, capsys):
+    """Hostile review: the per-learner limit counted the id in the folder name, so one learner posting as
+    fake1, fake2, ... queued a job for each (and nbgrader autograde added each to the gradebook). With a
+    roster in the course file, an id not in it is skipped; a roster that cannot be read stops the worker."""
+    exchange = tmp_path / "exchange"
+    ann, fakes = hand_in(exchange, "ann"), [hand_in(exchange, f"fake{i}") for i in range(5)]
+    worker = on_submit.Worker(tmp_path / "course", exchange, jobs=9, submit=ManualJobs(), labs=(LAB,),
+                              learners={"ann", "bo"})
+    worker.step()
+    assert states(worker) == {ann: "running", **{f: "skipped" for f in fakes}}
+    assert worker.records[fakes[0]]["reason"] == "the learner id is not in the course file's roster"
+    root = tmp_path / "root"
+    (root / "solutions" / LAB).mkdir(parents=True)
+    (root / "solutions" / LAB / f"{LAB}.ipynb").write_text("{}")
+    (root / "autograder").mkdir()
+    (root / "autograder" / "course.toml").write_text('roster = "missing.csv"\n')
+    assert on_submit.main(["--course-root", str(root), "--exchange", str(exchange), "--once"]) == 2
+    assert "missing.csv: no such file" in capsys.readouterr().err
+    assert not (root / "autograder" / "work").exists()

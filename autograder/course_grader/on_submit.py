@@ -39,7 +39,8 @@ run a checkout of the same commit (checked before the first job, as ``grade.py -
 What it defends: the sandbox and judge are the course config's, as for the typed commands; the
 feedback is generated the same way (hidden tests and their inputs removed); a learner id that is not
 a plain name (``..``, ``/``, control characters) or a lab the course does not have is skipped, never
-passed to nbgrader; so is an entry with a symbolic link or special file in it (``collect`` follows
+passed to nbgrader, nor (with a roster in the course file) a learner id not in it, so made-up ids
+cannot get past the per-learner limit or add students to the gradebook; so is an entry with a symbolic link or special file in it (``collect`` follows
 links: a notebook linked to solutions/ would reach the feedback), one that cannot be read, or one whose
 time is not a date; a job refuses to collect while any ``LEARNER+LAB+*`` entry is such a one. What it does not: as with ``nbgrader collect``, the learner id and time in an
 inbound folder's name are the submitter's choice (autograder/README.md, "Running a course hub").
@@ -271,13 +272,15 @@ class Worker:
         job: the job function, ``job(course_root, exchange, learner, lab) -> dict`` (``grade_submission``).
         status: the status file (default COURSE_ROOT/autograder/work/grade_on_submit.jsonl).
         labs: the labs graded on submit (default: those of the course root now, ``term.course_labs``).
+        learners: the learner ids graded on submit (the course file's roster); None: any plain name.
 
     Raises:
         ValueError: PER_LEARNER or JOBS is not a positive integer.
     """
 
     def __init__(self, course_root: Path, exchange: Path, *, per_learner: int = 2, jobs: int = 1, submit=None,
-                 job=grade_submission, status: Path | None = None, labs: tuple[str, ...] | None = None) -> None:
+                 job=grade_submission, status: Path | None = None, labs: tuple[str, ...] | None = None,
+                 learners=None) -> None:
         for name, value in (("per_learner", per_learner), ("jobs", jobs)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Worker: {name} must be a positive integer, got {value!r}")
@@ -291,6 +294,7 @@ class Worker:
         self.submit = submit
         self.status = Path(status) if status else self.course_root / WORK / STATUS_FILE
         self._labs = None if labs is None else tuple(labs)
+        self._learners = None if learners is None else frozenset(learners)
         self.records = read_status(self.status)
         self.waiting: collections.deque[str] = collections.deque()   # inbound names, oldest first
         self.running: dict[str, object] = {}                          # inbound name -> future
@@ -347,6 +351,8 @@ class Worker:
                 reason = "the learner id is not a plain name (letters, digits, _ . @ -, no leading dot)"
             elif sub.lab not in (self._labs if self._labs is not None else term_mod.course_labs(self.course_root)):
                 reason = f"no lab {sub.lab!r} in the course root {self.course_root}"
+            elif self._learners is not None and sub.learner not in self._learners:
+                reason = "the learner id is not in the course file's roster"
             elif stamp_problem(sub.timestamp):
                 reason = stamp_problem(sub.timestamp)
             elif self.active(sub.learner) >= self.per_learner:
@@ -495,8 +501,9 @@ def main(argv: list[str] | None = None) -> int:
         if inbound.is_dir() and not os.access(inbound, os.R_OK | os.X_OK):
             raise term_mod.TermError(f"--exchange {args.exchange}: cannot list {inbound} (run as the instructor who "
                                      "released the labs: COURSE_HUB_GRADER_USER)")
-        settings = term_mod.load(args.course or args.course_root / "autograder" / "course.toml",
-                                 labs=labs).grade_on_submit
+        course = term_mod.load(args.course or args.course_root / "autograder" / "course.toml", labs=labs)
+        settings = course.grade_on_submit
+        learners = set(term_mod.read_roster(course.roster)) if course.roster is not None else None
     except term_mod.TermError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
@@ -516,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         submit = lambda function, *a: connection.client.submit(function, *a, pure=False)  # noqa: E731
     worker = Worker(args.course_root, args.exchange, per_learner=per_learner, jobs=jobs, submit=submit,
-                    status=status)
+                    status=status, learners=learners)
     log.info("watching %s for %s (per_learner %d, jobs %d, %s); status in %s", worker.inbound, ", ".join(labs),
              per_learner, jobs, f"Dask at {address}" if address else "local threads", status)
     # The hub stops a service with SIGINT, then SIGTERM (a process started in the background may
