@@ -237,6 +237,8 @@ def test_hostile_inbound_entries_are_skipped_saying_why_and_never_stop_the_worke
     assert on_submit.collect_problem(inbound, "ann", LAB) == ""
     assert "symbolic links or special files" in on_submit.collect_problem(inbound, "eve", LAB)
     assert "not a date" in on_submit.collect_problem(inbound, "dan", LAB)
+    (inbound / f"ann+{LAB}+2027-01-11 10:00:00.000001 UTC+1").write_text("")   # a file collect would copy
+    assert "not a folder (a file or a link)" in on_submit.collect_problem(inbound, "ann", LAB)
 
 
 def test_with_a_roster_made_up_learner_ids_are_skipped(tmp_path, capsys):

@@ -157,10 +157,12 @@ def collect_problem(inbound: Path, learner: str, lab: str) -> str:
     for folder in sorted(inbound.glob(f"{learner}+{lab}+*")):
         sub = parse_inbound(folder.name)
         try:
-            odd = links_and_special_files(folder)
+            is_folder = stat.S_ISDIR(os.lstat(folder).st_mode)
+            odd = links_and_special_files(folder) if is_folder else []
         except OSError as exc:
             return f"{printable(folder.name)}: cannot be read: {exc}"
         why = (f"symbolic links or special files ({', '.join(odd[:5])})" if odd else
+               "not a folder (a file or a link)" if not is_folder else
                stamp_problem(sub.timestamp) if sub is not None else "not an nbgrader submission name")
         if why:
             return f"{printable(folder.name)}: {why}; not collected"
