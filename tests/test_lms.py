@@ -95,7 +95,7 @@ def test_formula_cells_of_the_roster_are_quoted_and_infinite_scores_refused(tmp_
     ("learner,canvas_id,email\nada,1,a@x\n", "unknown column(s) ['email']"),
     ("learner,canvas_id\nada,1\nada,2\n", "learner 'ada' is listed twice"),
     ("learner,canvas_id\nada,x1\n", "canvas_id of 'ada' must be a positive integer"),
-    ("learner,canvas_id\nada,\u00b2\n", "canvas_id of 'ada' must be a positive integer"),   # int('²') raised ValueError
+    ("learner,canvas_id\nada,\u00b2\n", "canvas_id of 'ada' must be a positive integer"),   # int('²'): ValueError
     ("learner,canvas_id\nada,\uff11\uff12\n", "canvas_id of 'ada' must be a positive integer"),   # fullwidth 12
     ("learner,canvas_id\nada,5\nbo,5\n", "canvas_id 5 is also the id of 'ada'"),
 ])

@@ -108,7 +108,8 @@ def canvas_table(book: pd.DataFrame, roster: dict[str, RosterEntry], term: Term)
     scores = {(r.learner, r.lab): r.score for r in book.itertuples()}
     rows = [header, points]
     for e in sorted(roster.values(), key=lambda e: (e.name or e.learner).lower()):
-        rows.append([_text(e.name or e.learner), str(e.canvas_id), *map(_text, (e.sis_user_id, e.sis_login_id, e.section))]
+        rows.append([_text(e.name or e.learner), str(e.canvas_id),
+                     *map(_text, (e.sis_user_id, e.sis_login_id, e.section))]
                     + [_number(scores[(e.learner, lab)]) if (e.learner, lab) in scores else "" for lab in labs])
     return rows
 

@@ -38,12 +38,14 @@ run a checkout of the same commit (checked before the first job, as ``grade.py -
 
 What it defends: the sandbox and judge are the course config's, as for the typed commands; the
 feedback is generated the same way (hidden tests and their inputs removed); a learner id that is not
-a plain name (``..``, ``/``, control characters) or a lab the course does not have is skipped, never
-passed to nbgrader, nor (with a roster in the course file) a learner id not in it, so made-up ids
-cannot get past the per-learner limit or add students to the gradebook; so is an entry with a symbolic link or special file in it (``collect`` follows
-links: a notebook linked to solutions/ would reach the feedback), one that cannot be read, or one whose
-time is not a date; a job refuses to collect while any ``LEARNER+LAB+*`` entry is such a one. What it does not: as with ``nbgrader collect``, the learner id and time in an
-inbound folder's name are the submitter's choice (autograder/README.md, "Running a course hub").
+a plain name (``..``, ``/``, control characters), a lab the course does not have and, with a roster in
+the course file, a learner id not in it (made-up ids would each get past the per-learner limit and
+add a student to the gradebook) are skipped, never passed to nbgrader; so is an entry with a symbolic
+link or special file in it (``collect`` follows links: a notebook linked to solutions/ would reach
+the feedback), one that cannot be read, or one whose time is not a date; a job refuses to collect
+while any ``LEARNER+LAB+*`` entry is such a one. What it does not: as with ``nbgrader collect``, the
+learner id and time in an inbound folder's name are the submitter's choice (autograder/README.md,
+"Running a course hub"); a link made between the job's check and collect's copy (a race) is copied.
 """
 from __future__ import annotations
 

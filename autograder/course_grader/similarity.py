@@ -107,7 +107,8 @@ def overwritten_ids(release: dict) -> set[str]:
     """The grade_ids of RELEASE's test and locked code cells: nbgrader autograde puts the course's source
     back into a submitted cell with one of these ids, so what a learner wrote there never runs."""
     return {str(nbgrader.get("grade_id")) for _, nbgrader, _ in _code_cells(release)
-            if (nbgrader.get("grade") is True or nbgrader.get("locked") is True) and nbgrader.get("solution") is not True}
+            if (nbgrader.get("grade") is True or nbgrader.get("locked") is True)
+            and nbgrader.get("solution") is not True}
 
 
 def _source(cell: dict):
@@ -220,11 +221,12 @@ def find_notebooks(submissions: Path, lab: str) -> dict[str, Path]:
 
 def compare_submissions(submissions: Path, labs: list[str], release: Path, threshold: float,
                         learners: dict[str, set[str]] | None = None) -> Result:
-    """Compare every pair of learners' exercise cells (only LEARNERS[lab], when given) of each of LABS under
-    SUBMISSIONS (``{learner}/{lab}/{lab}.ipynb``); the starter code is RELEASE/{lab}/{lab}.ipynb's
-    exercise cells (a missing release: no starter code removed, said in ``skipped`` as learner "*"). A
-    notebook that is not readable JSON (or is nested too deep to parse), or whose exercise code is longer than ``MAX_CHARS``, is skipped
-    (listed)."""
+    """Compare every pair of learners' code cells (only LEARNERS[lab], when given) of each of LABS under
+    SUBMISSIONS (``{learner}/{lab}/{lab}.ipynb``; ``exercise_code`` with every cell, less the cells
+    nbgrader overwrites and the release's unchanged ones); the starter code is RELEASE/{lab}/{lab}.ipynb's
+    code cells (a missing release: no starter code removed, said in ``skipped`` as learner "*"). A
+    notebook that is not readable JSON (or is nested too deep to parse), or whose code is longer than
+    ``MAX_CHARS``, is skipped (listed)."""
     pairs, skipped = [], []
     for lab in labs:
         starter = release / lab / f"{lab}.ipynb"
