@@ -106,6 +106,9 @@ def test_bad_roster_is_refused_by_name_and_nothing_written(tmp_path, capsys, ros
 @pytest.mark.parametrize("course, field", [
     ('roster = "roster.csv"\n[lms]\nurl = "https://c"\ncourse_id = "7"\n', "[lms] course_id: expected a positive integer"),
     ('roster = "roster.csv"\n[lms]\nurl = "c.edu"\ncourse_id = 7\n', "[lms] url: expected an http(s) address"),
+    # hostile review: an http:// site got the API token in clear text
+    ('roster = "roster.csv"\n[lms]\nurl = "http://canvas.example.edu"\ncourse_id = 7\n',
+     "[lms] url: 'http://canvas.example.edu' would send the API token unencrypted; use https://"),
     ('roster = "roster.csv"\n[lms]\nurl = "https://c"\ncourse_id = 7\n[lms.assignments]\n"09_x" = {{ id = 1 }}\n',
      "[lms.assignments] 09_x: unknown lab"),
     ('roster = "roster.csv"\ndeadline = 3\n', "unknown section(s) or field(s) ['deadline']"),

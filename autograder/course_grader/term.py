@@ -6,7 +6,7 @@ file and the field (``[lms] course_id: ...``), and nothing is written by a comma
 Sections (all optional; a command that needs a missing one says which):
 
 ``[lms]``
-    ``url`` (the Canvas site, ``https://canvas.example.edu``), ``course_id`` (an integer),
+    ``url`` (the Canvas site, ``https://canvas.example.edu``; http:// only for localhost), ``course_id`` (an integer),
     ``token_env`` (the environment variable holding an API token; default ``CANVAS_TOKEN``; the
     token itself never goes in the file), and ``[lms.assignments]``: one entry per lab,
     ``"01_roofline" = { id = 1234, name = "Lab 1: roofline" }``.
@@ -39,6 +39,7 @@ import datetime as dt
 import io
 import math
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,7 @@ def course_labs(root: Path = REPO_ROOT) -> tuple[str, ...]:
 ROSTER_COLUMNS = ("learner", "canvas_id", "name", "sis_user_id", "sis_login_id", "section")
 LATE_METHODS = ("none", "percent_per_day", "zero")
 SIMILARITY_THRESHOLD = 0.8   # the default of [similarity] threshold
+LOOPBACK = ("localhost", "127.0.0.1", "::1")   # the only hosts [lms] url may name with http://
 
 
 class TermError(ValueError):
@@ -300,6 +302,10 @@ def _lms(raw, path: Path, labs) -> LMS:
     url = _str(raw.get("url"), f"{path}: [lms] url")
     if not url.startswith(("https://", "http://")):
         raise TermError(f"{path}: [lms] url: expected an http(s) address, got {url!r}")
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if url.startswith("http://") and host not in LOOPBACK:   # the token goes in every request's header
+        raise TermError(f"{path}: [lms] url: {url!r} would send the API token unencrypted; use https:// "
+                        "(http:// only for this machine: localhost, 127.0.0.1)")
     assignments = {}
     table = raw.get("assignments", {})
     if not isinstance(table, dict):
