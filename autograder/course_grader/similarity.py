@@ -233,10 +233,10 @@ def compare_submissions(submissions: Path, labs: list[str], release: Path, thres
         boilerplate = reference_code(lab)
         skip_ids, unchanged = set(), set()
         try:
-            release = json.loads(starter.read_text(encoding="utf-8"))
-            skip_ids = overwritten_ids(release)
-            boilerplate.append(exercise_code(release, every_cell=True, skip_ids=skip_ids))
-            unchanged = {s.strip() for cell, _, _ in _code_cells(release) if isinstance(s := _source(cell), str)}
+            released = json.loads(starter.read_text(encoding="utf-8"))
+            skip_ids = overwritten_ids(released)
+            boilerplate.append(exercise_code(released, every_cell=True, skip_ids=skip_ids))
+            unchanged = {s.strip() for cell, _, _ in _code_cells(released) if isinstance(s := _source(cell), str)}
         except (OSError, ValueError, RecursionError) as exc:
             skipped.append((lab, "*", f"starter code not removed: cannot read {starter}: {exc}"))
         codes = {}
