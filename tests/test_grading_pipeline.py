@@ -603,6 +603,8 @@ def test_notebook_validation(tmp_path):
     assert "nbformat 3" in driver.notebook_problem(folder, LAB)
     path.write_bytes(b"\xff\xfe")
     assert "not UTF-8" in driver.notebook_problem(folder, LAB)
+    path.write_text("[" * 100_000)   # json.loads raised RecursionError, which stopped the whole batch
+    assert "nested too deep" in driver.notebook_problem(folder, LAB)
     nbformat.write(new_notebook(), path)
     assert driver.notebook_problem(folder, LAB) == ""
     assert "glob" in driver.learner_id_problem("a*b")
@@ -912,3 +914,29 @@ def test_the_class_projection_divides_the_measured_work_among_the_workers():
     for bad in ({"throughput": 0.0}, {"learners": 0}, {"workers": 0}):
         with pytest.raises(ValueError, match="positive"):
             class_projection({"01_roofline": 10.0}, **{"throughput": 1.0, "learners": 1, "workers": 1, **bad})
+
+
+def test_regrade_refuses_a_tampered_run_json_or_table_before_changing_anything(tmp_path):
+    """Hostile review: a run.json whose graded was a list (or its names one string) passed previous_run and
+    crashed the regrade after grading (AttributeError), or was split into letters; a grades.csv with a blank
+    or cut line raised IndexError in replace_csv_rows after the previous run's course had been changed."""
+    driver = load_driver()
+    work, root = tmp_path / "work", tmp_path / "root"
+    (work / "course").mkdir(parents=True)
+    (work / driver.WORK_MARKER).write_text("")
+    (work / "course" / "gradebook.db").write_text("")
+    good = {"seed": 5, "root": str(root), "labs": [LAB], "graded": {LAB: ["ann"]}}
+    (work / "grades.csv").write_text("learner,lab,score\nann,01_tiny,1\n")
+    (work / driver.RUN_FILE).write_text(json.dumps(good))
+    assert driver.previous_run(work, root, [LAB])["seed"] == 5
+    for tampered in ({"graded": [LAB]}, {"graded": {LAB: "ann"}}, {"labs": LAB}):
+        (work / driver.RUN_FILE).write_text(json.dumps({**good, **tampered}))
+        with pytest.raises(driver.InfrastructureError, match="labs must be a list of labs and graded a table"):
+            driver.previous_run(work, root, [LAB])
+    (work / driver.RUN_FILE).write_text(json.dumps(good))
+    for text, why in (("learner,lab,score\nann,01_tiny,1\n\n", "line 3 is not one record of 3 fields"),
+                      ("learner,lab,score\nann,01_tiny\n", "line 2 is not one record of 3 fields"),
+                      ('learner,lab,score\n"ann\n', "line 2 is not")):
+        (work / "grades.csv").write_text(text)
+        with pytest.raises(driver.InfrastructureError, match=why):
+            driver.previous_run(work, root, [LAB])

@@ -78,11 +78,25 @@ def _refused(tmp_path, capsys, args, *, course=COURSE, roster=ROSTER, env=None, 
     return capsys.readouterr().err
 
 
+def test_formula_cells_of_the_roster_are_quoted_and_infinite_scores_refused(tmp_path, capsys):
+    """Hostile review: a display name such as =cmd|' /C calc'!A0 went into canvas_gradebook.csv as is (a
+    spreadsheet opening it runs it); a score of inf or 1e999 in a tampered grades.csv went to Canvas as 'inf'."""
+    course = _course(tmp_path, roster=ROSTER + "zed,104,=cmd|' /C calc'!A0,@S4,+z@x,-B\n")
+    assert lms.main([str(tmp_path / "grades.csv"), "--course", str(course)]) == 0
+    assert ["'=cmd|' /C calc'!A0", "104", "'@S4", "'+z@x", "'-B", "9", ""] in _rows(tmp_path / "canvas_gradebook.csv")
+    for bad in ("inf", "-1e999"):
+        (tmp_path / "grades.csv").write_text(GRADES.replace("zed,01_roofline,9,", f"zed,01_roofline,{bad},"))
+        with pytest.raises(term.TermError, match=f"score of 'zed' / '01_roofline' is not a finite number: '{bad}'"):
+            lms.read_grades(tmp_path / "grades.csv")
+
+
 @pytest.mark.parametrize("roster, field", [
     ("learner,name\nada,Ada\n", "missing column(s) ['canvas_id']"),
     ("learner,canvas_id,email\nada,1,a@x\n", "unknown column(s) ['email']"),
     ("learner,canvas_id\nada,1\nada,2\n", "learner 'ada' is listed twice"),
     ("learner,canvas_id\nada,x1\n", "canvas_id of 'ada' must be a positive integer"),
+    ("learner,canvas_id\nada,\u00b2\n", "canvas_id of 'ada' must be a positive integer"),   # int('²'): ValueError
+    ("learner,canvas_id\nada,\uff11\uff12\n", "canvas_id of 'ada' must be a positive integer"),   # fullwidth 12
     ("learner,canvas_id\nada,5\nbo,5\n", "canvas_id 5 is also the id of 'ada'"),
 ])
 def test_bad_roster_is_refused_by_name_and_nothing_written(tmp_path, capsys, roster, field):
@@ -92,6 +106,9 @@ def test_bad_roster_is_refused_by_name_and_nothing_written(tmp_path, capsys, ros
 @pytest.mark.parametrize("course, field", [
     ('roster = "roster.csv"\n[lms]\nurl = "https://c"\ncourse_id = "7"\n', "[lms] course_id: expected a positive integer"),
     ('roster = "roster.csv"\n[lms]\nurl = "c.edu"\ncourse_id = 7\n', "[lms] url: expected an http(s) address"),
+    # hostile review: an http:// site got the API token in clear text
+    ('roster = "roster.csv"\n[lms]\nurl = "http://canvas.example.edu"\ncourse_id = 7\n',
+     "[lms] url: 'http://canvas.example.edu' would send the API token unencrypted; use https://"),
     ('roster = "roster.csv"\n[lms]\nurl = "https://c"\ncourse_id = 7\n[lms.assignments]\n"09_x" = {{ id = 1 }}\n',
      "[lms.assignments] 09_x: unknown lab"),
     ('roster = "roster.csv"\ndeadline = 3\n', "unknown section(s) or field(s) ['deadline']"),

@@ -232,3 +232,66 @@ def test_a_job_does_not_import_the_course_roots_own_packages(tmp_path):
     assert "expected a plain learner id and a lab" in str(caught.value)
     from course_grader.hub import grade_on_submit_service
     assert grade_on_submit_service()["command"][1:4] == ["-P", "-m", "course_grader.on_submit"]
+
+
+def test_hostile_inbound_entries_are_skipped_saying_why_and_never_stop_the_worker(tmp_path, monkeypatch):
+    """Hostile review: an inbound entry is the learner's to shape. A notebook linked to solutions/ was
+    collected (nbgrader copies what a link points to) and shown in the learner's feedback; a huge (sparse)
+    timestamp.txt was read whole; a fifo named timestamp.txt blocked the scan; an unreadable folder raised
+    PermissionError out of scan (the worker stopped for everyone); a time in the name that is not a date
+    was queued though nbgrader collect refuses it."""
+    import os
+    exchange, inbound = tmp_path / "exchange", tmp_path / "exchange" / COURSE_ID / "inbound"
+    linked = hand_in(exchange, "eve")
+    notebook = inbound / linked / f"{LAB}.ipynb"
+    notebook.unlink()
+    notebook.symlink_to(tmp_path / "solutions.ipynb")
+    huge = hand_in(exchange, "hal", complete=False)
+    with open(inbound / huge / "timestamp.txt", "wb") as f:
+        f.write(b"2027-01-10 10:00:00.000001 UTC\n")
+        f.truncate(1 << 40)                                       # 1 TiB, sparse
+    fifo = hand_in(exchange, "fay", complete=False)
+    os.mkfifo(inbound / fifo / "timestamp.txt")
+    locked = hand_in(exchange, "lou")
+    not_a_date = hand_in(exchange, "dan", stamp="yesterday")
+    fine = hand_in(exchange, "ann")
+    real_walk = os.walk
+    monkeypatch.setattr(on_submit.os, "walk", lambda top, **kw: (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied")) if Path(top).name == locked else real_walk(top, **kw))
+    jobs = ManualJobs()
+    worker = on_submit.Worker(tmp_path / "course", exchange, per_learner=2, jobs=5, submit=jobs, labs=(LAB,))
+    worker.step()
+    assert states(worker) == {linked: "skipped", huge: "running", fifo: "skipped", locked: "skipped",
+                              not_a_date: "skipped", fine: "running"}
+    assert "symbolic links or special files in the submission (01_roofline.ipynb)" in worker.records[linked]["reason"]
+    assert "(timestamp.txt)" in worker.records[fifo]["reason"]
+    assert "cannot be read: PermissionError" in worker.records[locked]["reason"]
+    assert "the time in the folder name is not a date" in worker.records[not_a_date]["reason"]
+    # the job checks every entry collect would copy, not only the one that queued it: a later-named
+    # linked entry of the same learner and lab is refused there
+    assert on_submit.collect_problem(inbound, "ann", LAB) == ""
+    assert "symbolic links or special files" in on_submit.collect_problem(inbound, "eve", LAB)
+    assert "not a date" in on_submit.collect_problem(inbound, "dan", LAB)
+    (inbound / f"ann+{LAB}+2027-01-11 10:00:00.000001 UTC+1").write_text("")   # a file collect would copy
+    assert "not a folder (a file or a link)" in on_submit.collect_problem(inbound, "ann", LAB)
+
+
+def test_with_a_roster_made_up_learner_ids_are_skipped(tmp_path, capsys):
+    """Hostile review: the per-learner limit counted the id in the folder name, so one learner posting as
+    fake1, fake2, ... queued a job for each (and nbgrader autograde added each to the gradebook). With a
+    roster in the course file, an id not in it is skipped; a roster that cannot be read stops the worker."""
+    exchange = tmp_path / "exchange"
+    ann, fakes = hand_in(exchange, "ann"), [hand_in(exchange, f"fake{i}") for i in range(5)]
+    worker = on_submit.Worker(tmp_path / "course", exchange, jobs=9, submit=ManualJobs(), labs=(LAB,),
+                              learners={"ann", "bo"})
+    worker.step()
+    assert states(worker) == {ann: "running", **{f: "skipped" for f in fakes}}
+    assert worker.records[fakes[0]]["reason"] == "the learner id is not in the course file's roster"
+    root = tmp_path / "root"
+    (root / "solutions" / LAB).mkdir(parents=True)
+    (root / "solutions" / LAB / f"{LAB}.ipynb").write_text("{}")
+    (root / "autograder").mkdir()
+    (root / "autograder" / "course.toml").write_text('roster = "missing.csv"\n')
+    assert on_submit.main(["--course-root", str(root), "--exchange", str(exchange), "--once"]) == 2
+    assert "missing.csv: no such file" in capsys.readouterr().err
+    assert not (root / "autograder" / "work").exists()

@@ -169,3 +169,31 @@ def test_the_summary_caps_the_printed_pairs():
     lines = similarity.summary_lines(similarity.Result(pairs, [], 0.8), Path("s.csv"), cap=20)
     assert lines[0].startswith("25 similar pair(s)") and len(lines) == 22
     assert lines[-1] == "  ... and 5 more in s.csv"
+
+
+def test_a_notebook_nested_too_deep_to_parse_is_skipped_not_a_crash(tmp_path):
+    """Hostile review: json.loads raises RecursionError (not a ValueError) on '[' * 100000, which
+    stopped the whole comparison, every lab and learner."""
+    folder = tmp_path / "submitted"
+    for learner, text in (("deep", '{"cells": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+                          ("ann", json.dumps(notebook(ALICE)))):
+        (folder / learner / LAB).mkdir(parents=True)
+        (folder / learner / LAB / f"{LAB}.ipynb").write_text(text)
+    result = similarity.compare_submissions(folder, [LAB], RELEASE, 0.8)
+    assert result.skipped == [(LAB, "deep", "not compared: RecursionError")] and result.pairs == []
+
+
+def test_a_copy_moved_out_of_the_exercise_cells_is_still_flagged(tmp_path):
+    """Hostile review: only cells marked as exercises (nbgrader solution, or the tag) were compared, and
+    the learner edits that metadata: bob's copy of alice's answers, moved into a new unmarked code cell
+    (the exercise cells left as released; the functions still defined, so still graded), was never flagged."""
+    folder = tmp_path / "submitted"
+    moved = notebook({})
+    moved["cells"].append({"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                           "source": "\n\n".join(ALICE.values()).replace("config", "cfg")})
+    for learner, nb in (("alice", notebook(ALICE)), ("bob", moved), ("dave", notebook({}))):
+        (folder / learner / LAB).mkdir(parents=True)
+        (folder / learner / LAB / f"{LAB}.ipynb").write_text(json.dumps(nb))
+    result = similarity.compare_submissions(folder, [LAB, "02_kv_cache"], RELEASE, 0.8)   # two labs: each its release
+    assert [(p.learner_a, p.learner_b) for p in result.flagged] == [("alice", "bob")]
+    assert {p.similarity for p in result.pairs if "dave" in (p.learner_a, p.learner_b)} == {0.0}

@@ -71,6 +71,11 @@ threshold = 0.9
     ('[deadlines]\n"01_roofline" = "next friday"\n', "[deadlines] 01_roofline: not a date-time: 'next friday'"),
     ('[deadlines]\n"01_roofline" = 2027-01-15\n', "[deadlines] 01_roofline: expected a date-time with a time zone"),
     ('[deadlines]\n"07_extra" = 2027-01-15T17:00:00Z\n', "[deadlines] 07_extra: unknown lab"),
+    # hostile review: dates at the ends of datetime's range raised OverflowError, not a TermError
+    ('[deadlines]\n"01_roofline" = 0001-01-01T00:00:00+01:00\n',
+     "[deadlines] 01_roofline: 0001-01-01T00:00:00+01:00 is out of range in UTC"),
+    ('roster = "roster.csv"\n[deadlines]\n"01_roofline" = 9999-12-31T20:00:00Z\n[extensions]\nada = { "01_roofline" = 48 }\n',
+     "[extensions] ada 01_roofline: the deadline with this extension is past the year 9999"),
     ('roster = "roster.csv"\n[deadlines]\n"01_roofline" = 2027-01-15T17:00:00Z\n[extensions]\ncy = { "01_roofline" = 24 }\n',
      "[extensions] cy: unknown learner (not in the roster"),
     ('[deadlines]\n"01_roofline" = 2027-01-15T17:00:00Z\n[extensions]\nada = { "01_roofline" = 24 }\n',

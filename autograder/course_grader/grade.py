@@ -274,6 +274,8 @@ def notebook_problem(folder: Path, lab: str) -> str:
         return f"{path.name} is not UTF-8 text: {exc}"
     except json.JSONDecodeError as exc:
         return f"{path.name} is not valid JSON: {exc}"
+    except RecursionError:
+        return f"{path.name} is JSON nested too deep to read"
     if not isinstance(nb, dict):
         return f"{path.name} is JSON but not a notebook (top level is {type(nb).__name__})"
     if nb.get("nbformat") != 4:
@@ -1293,6 +1295,12 @@ def previous_run(work: Path, root: Path, labs: list[str]) -> dict:
         seed, before = int(previous["seed"]), Path(previous["root"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InfrastructureError(f"--regrade: cannot read {record}: {exc}") from None
+    graded, run_labs = previous.get("graded", {}), previous.get("labs", [])
+    if not (isinstance(graded, dict) and all(isinstance(v, list) and all(isinstance(n, str) for n in v)
+                                             for v in graded.values())
+            and isinstance(run_labs, list) and all(isinstance(lab, str) for lab in run_labs)):
+        raise InfrastructureError(f"--regrade: {record}: labs must be a list of labs and graded a table of lab = "
+                                  "[learner, ...]; grade the whole batch again")
     if before != root:
         raise InfrastructureError(f"--regrade: the run in {work} graded the course at {before}, not --root {root}; "
                                   "regrade with that root, or grade the whole batch again")
@@ -1300,11 +1308,35 @@ def previous_run(work: Path, root: Path, labs: list[str]) -> dict:
     if missing:
         raise InfrastructureError(f"--regrade: the run in {work} is incomplete ({', '.join(map(str, missing))} "
                                   "missing); grade the whole batch again")
-    other = sorted(set(labs) - set(previous.get("labs", [])))
+    for table in ("grades.csv", "grades_per_test.csv", "judge_disagreements.csv", "timings.csv", SIMILARITY_CSV):
+        problem = table_problem(work / table) if (work / table).exists() else ""
+        if problem:   # found now, before the previous run's course is changed, not when its lines are replaced
+            raise InfrastructureError(f"--regrade: {work / table}: {problem}; grade the whole batch again")
+    other = sorted(set(labs) - set(run_labs))
     if other:
         raise InfrastructureError(f"--regrade: the run in {work} did not grade {', '.join(other)}; grade it "
                                   "without --regrade (in another --work)")
     return dict(previous, seed=seed)
+
+
+def table_problem(path: Path) -> str:
+    """Why ``replace_csv_rows`` cannot rewrite the CSV at PATH ('' when it can): it is not UTF-8, or a line
+    is not one record with the header's number of fields (a blank line, a cut or hand-edited one)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"cannot be read as UTF-8 text: {exc}"
+    if not lines:
+        return "is empty"
+    width = len(next(csv.reader(lines[:1])))
+    for number, line in enumerate(lines[1:], start=2):
+        try:
+            fields = list(csv.reader([line]))
+        except csv.Error as exc:
+            return f"line {number} is not CSV: {exc}"
+        if len(fields) != 1 or len(fields[0]) != width:
+            return f"line {number} is not one record of {width} fields"
+    return ""
 
 
 def prepare_stage(stage: Path) -> None:

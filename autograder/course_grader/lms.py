@@ -6,7 +6,8 @@ reads the grading driver's ``grades.csv`` and writes, beside it unless ``--out``
 * ``canvas_gradebook.csv``: Canvas's gradebook import layout (Grades > Import): the columns
   ``Student, ID, SIS User ID, SIS Login ID, Section``, then one column per lab headed
   ``Name (assignment id)`` when the course file names the Canvas assignment (``Name`` alone
-  makes Canvas create a new assignment on import), and a ``Points Possible`` row. A learner who
+  makes Canvas create a new assignment on import), and a ``Points Possible`` row. A roster text
+  cell that starts as a spreadsheet formula (``= + - @``, tab, CR) gets a ``'`` before it. A learner who
   did not submit a lab gets an empty cell, which Canvas's import leaves unchanged.
 * ``gradebook.csv``: ``learner, lab, score, max_score, late, flags, error``, one row per graded
   submission, in the course's own ids.
@@ -48,7 +49,7 @@ def read_grades(path: Path | str) -> pd.DataFrame:
     """The driver's ``grades.csv`` (learner ids kept as text: ``NA`` stays a name).
 
     Raises:
-        TermError: missing file or column, or a score that is not a number.
+        TermError: missing file or column, or a score that is not a finite number.
     """
     path = Path(path)
     try:
@@ -62,16 +63,25 @@ def read_grades(path: Path | str) -> pd.DataFrame:
         raise TermError(f"grades {path}: missing column(s) {missing}")
     for column in ("score", "max_score"):
         values = pd.to_numeric(grades[column], errors="coerce")
-        bad = grades[values.isna()]
+        bad = grades[values.isna() | values.isin([float("inf"), float("-inf")])]   # "inf" and "1e999" parse
         if not bad.empty:
             r = bad.iloc[0]
-            raise TermError(f"grades {path}: {column} of {r['learner']!r} / {r['lab']!r} is not a number: "
+            raise TermError(f"grades {path}: {column} of {r['learner']!r} / {r['lab']!r} is not a finite number: "
                             f"{r[column]!r}")
         grades[column] = values
     for column in ("late", "flags", "error"):
         if column not in grades.columns:
             grades[column] = ""
     return grades
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")   # a cell a spreadsheet would run as a formula
+
+
+def _text(cell: str) -> str:
+    """A roster text cell for the Canvas CSV, with a ' before a formula start (``=cmd|' /C calc'!A0``
+    in a learner's display name ran in a spreadsheet opening the file; Canvas matches rows by ID)."""
+    return "'" + cell if cell.startswith(FORMULA_STARTS) else cell
 
 
 def _number(x: float) -> str:
@@ -98,7 +108,8 @@ def canvas_table(book: pd.DataFrame, roster: dict[str, RosterEntry], term: Term)
     scores = {(r.learner, r.lab): r.score for r in book.itertuples()}
     rows = [header, points]
     for e in sorted(roster.values(), key=lambda e: (e.name or e.learner).lower()):
-        rows.append([e.name or e.learner, str(e.canvas_id), e.sis_user_id, e.sis_login_id, e.section]
+        rows.append([_text(e.name or e.learner), str(e.canvas_id),
+                     *map(_text, (e.sis_user_id, e.sis_login_id, e.section))]
                     + [_number(scores[(e.learner, lab)]) if (e.learner, lab) in scores else "" for lab in labs])
     return rows
 

@@ -39,9 +39,14 @@ run a checkout of the same commit (checked before the first job, as ``grade.py -
 
 What it defends: the sandbox and judge are the course config's, as for the typed commands; the
 feedback is generated the same way (hidden tests and their inputs removed); a learner id that is not
-a plain name (``..``, ``/``, control characters) or a lab the course does not have is skipped, never
-passed to nbgrader. What it does not: as with ``nbgrader collect``, the learner id and time in an
-inbound folder's name are the submitter's choice (autograder/README.md, "Running a course hub").
+a plain name (``..``, ``/``, control characters), a lab the course does not have and, with a roster in
+the course file, a learner id not in it (made-up ids would each get past the per-learner limit and
+add a student to the gradebook) are skipped, never passed to nbgrader; so is an entry with a symbolic
+link or special file in it (``collect`` follows links: a notebook linked to solutions/ would reach
+the feedback), one that cannot be read, or one whose time is not a date; a job refuses to collect
+while any ``LEARNER+LAB+*`` entry is such a one. What it does not: as with ``nbgrader collect``, the
+learner id and time in an inbound folder's name are the submitter's choice (autograder/README.md,
+"Running a course hub"); a link made between the job's check and collect's copy (a race) is copied.
 """
 from __future__ import annotations
 
@@ -53,6 +58,7 @@ import logging
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -71,6 +77,7 @@ FINAL_STATES = ("graded", "failed", "skipped")  # a submission in one of these i
 # a learner id nbgrader may use as a folder name: no path separators, no leading dot, no control characters
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_@-][A-Za-z0-9_.@-]*")
 OUTPUT_TAIL = 2000                              # characters of a failed command's output kept in `error`
+STAMP_BYTES = 1000                              # of timestamp.txt read (nbgrader writes one line; a learner may not)
 CHILDREN: set[subprocess.Popen] = set()        # the jobs' child processes running now, ended when the worker stops
 
 
@@ -106,6 +113,63 @@ def course_env(course_root: Path, exchange: Path) -> dict[str, str]:
     from .hub import INSTRUCTOR_CONFIG, VENV_BIN
     return dict(os.environ, JUPYTER_CONFIG_PATH=str(INSTRUCTOR_CONFIG), COURSE_HUB_COURSE_ROOT=str(course_root),
                 COURSE_EXCHANGE_ROOT=str(exchange), PATH=os.pathsep.join([str(VENV_BIN), os.environ.get("PATH", "")]))
+
+
+def links_and_special_files(folder: Path) -> list[str]:
+    """Paths under FOLDER (relative) that are symbolic links or not regular files or folders: nbgrader
+    collect follows links when it copies a submission (a notebook linked to solutions/ or to another
+    learner's submission would be graded and shown in this learner's feedback) and a fifo blocks it."""
+    def plain(path: str) -> bool:
+        mode = os.lstat(path).st_mode
+        return stat.S_ISREG(mode) or stat.S_ISDIR(mode)
+    if not plain(folder):
+        return ["."]
+    return sorted(str((Path(top) / name).relative_to(folder))
+                  for top, dirs, files in os.walk(folder, followlinks=False, onerror=_raise)
+                  for name in dirs + files if not plain(os.path.join(top, name)))
+
+
+def _raise(exc: OSError) -> None:
+    raise exc
+
+
+def read_stamp(path: Path) -> str:
+    """The first ``STAMP_BYTES`` of the timestamp.txt at PATH, stripped ('' for a link or a file that is
+    not a regular file: never opened, so a fifo cannot block the worker)."""
+    if not stat.S_ISREG(os.lstat(path).st_mode):
+        return ""
+    with open(path, "rb") as f:
+        return f.read(STAMP_BYTES).decode("utf-8", errors="replace").strip()
+
+
+def stamp_problem(timestamp: str) -> str:
+    """Why ``nbgrader collect`` cannot read TIMESTAMP (an inbound folder name's third part), '' when it can."""
+    from nbgrader.utils import parse_utc
+    try:
+        parse_utc(timestamp)
+    except (ValueError, OverflowError, TypeError) as exc:
+        return f"the time in the folder name is not a date ({type(exc).__name__}): nbgrader collect refuses " \
+               "every submission of this learner and lab while it is in the exchange (remove it)"
+    return ""
+
+
+def collect_problem(inbound: Path, learner: str, lab: str) -> str:
+    """Why ``nbgrader collect LAB --student LEARNER`` must not run now ('' when it may): it copies the
+    newest of every INBOUND/LEARNER+LAB+* entry, following links, and fails on a time that is not a date,
+    so each such entry is checked, not only the one that queued the job."""
+    for folder in sorted(inbound.glob(f"{learner}+{lab}+*")):
+        sub = parse_inbound(folder.name)
+        try:
+            is_folder = stat.S_ISDIR(os.lstat(folder).st_mode)
+            odd = links_and_special_files(folder) if is_folder else []
+        except OSError as exc:
+            return f"{printable(folder.name)}: cannot be read: {exc}"
+        why = (f"symbolic links or special files ({', '.join(odd[:5])})" if odd else
+               "not a folder (a file or a link)" if not is_folder else
+               stamp_problem(sub.timestamp) if sub is not None else "not an nbgrader submission name")
+        if why:
+            return f"{printable(folder.name)}: {why}; not collected"
+    return ""
 
 
 class JobError(RuntimeError):
@@ -204,7 +268,7 @@ def grade_submission(course_root: str, exchange: str, learner: str, lab: str) ->
     # export computes it (nbgrader.plugins.export)
     return {"started": started, "finished": now(), "score": max(0.0, raw - penalty), "max_score": max_score,
             "raw_score": raw, "penalty": penalty,
-            "graded_timestamp": stamp.read_text().strip() if stamp.is_file() else None}
+            "graded_timestamp": read_stamp(stamp) if os.path.lexists(stamp) else None}
 
 
 def read_status(path: Path) -> dict[str, dict]:
@@ -238,13 +302,15 @@ class Worker:
         job: the job function, ``job(course_root, exchange, learner, lab) -> dict`` (``grade_submission``).
         status: the status file (default COURSE_ROOT/autograder/work/grade_on_submit.jsonl).
         labs: the labs graded on submit (default: those of the course root now, ``term.course_labs``).
+        learners: the learner ids graded on submit (the course file's roster); None: any plain name.
 
     Raises:
         ValueError: PER_LEARNER or JOBS is not a positive integer.
     """
 
     def __init__(self, course_root: Path, exchange: Path, *, per_learner: int = 2, jobs: int = 1, submit=None,
-                 job=grade_submission, status: Path | None = None, labs: tuple[str, ...] | None = None) -> None:
+                 job=grade_submission, status: Path | None = None, labs: tuple[str, ...] | None = None,
+                 learners=None) -> None:
         for name, value in (("per_learner", per_learner), ("jobs", jobs)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Worker: {name} must be a positive integer, got {value!r}")
@@ -258,6 +324,7 @@ class Worker:
         self.submit = submit
         self.status = Path(status) if status else self.course_root / WORK / STATUS_FILE
         self._labs = None if labs is None else tuple(labs)
+        self._learners = None if learners is None else frozenset(learners)
         self.records = read_status(self.status)
         self.waiting: collections.deque[str] = collections.deque()   # inbound names, oldest first
         self.running: dict[str, object] = {}                          # inbound name -> future
@@ -287,22 +354,37 @@ class Worker:
         if not self.inbound.is_dir():
             return
         for folder in sorted(self.inbound.iterdir(), key=lambda p: p.name):
-            if folder.name in self.records or not (folder / "timestamp.txt").is_file():
+            if folder.name in self.records:
                 continue
-            if not (folder / "timestamp.txt").read_text(errors="replace").strip():
-                continue   # nbgrader is writing it
+            reason = None
+            try:   # a learner's entry: a file, a fifo, a link, unreadable, a huge or endless timestamp.txt
+                if not os.path.lexists(folder / "timestamp.txt"):
+                    continue   # nbgrader is writing it
+                odd = links_and_special_files(folder)
+                if not odd and not read_stamp(folder / "timestamp.txt"):
+                    continue   # nbgrader is writing it
+            except OSError as exc:
+                odd, reason = [], f"cannot be read: {type(exc).__name__}: {exc.strerror or exc}"
+            if odd:
+                reason = (f"symbolic links or special files in the submission ({', '.join(odd[:5])}): nbgrader "
+                          "collect would follow them; not graded")
             sub = parse_inbound(folder.name)
             base = {"learner": sub.learner if sub else "", "lab": sub.lab if sub else "",
                     "timestamp": sub.timestamp if sub else "", "inbound": folder.name, "queued": now(),
                     "started": None, "finished": None, "score": None, "max_score": None,
                     "graded_timestamp": None, "reason": None, "error": None}
-            reason = None
-            if sub is None:
+            if reason:
+                pass
+            elif sub is None:
                 reason = "not an nbgrader submission name (LEARNER+LAB+TIMESTAMP)"
             elif not PLAIN_NAME.fullmatch(sub.learner):
                 reason = "the learner id is not a plain name (letters, digits, _ . @ -, no leading dot)"
             elif sub.lab not in (self._labs if self._labs is not None else term_mod.course_labs(self.course_root)):
                 reason = f"no lab {sub.lab!r} in the course root {self.course_root}"
+            elif self._learners is not None and sub.learner not in self._learners:
+                reason = "the learner id is not in the course file's roster"
+            elif stamp_problem(sub.timestamp):
+                reason = stamp_problem(sub.timestamp)
             elif self.active(sub.learner) >= self.per_learner:
                 reason = f"{self.active(sub.learner)} job(s) already queued or running (per_learner = " \
                          f"{self.per_learner}); left in the exchange for the instructor's batch"
@@ -443,6 +525,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{prog}: --grade-one {printable(learner)} {printable(lab)}: expected a plain learner id and a lab "
                   f"of {args.course_root}", file=sys.stderr)
             return 2
+        problem = collect_problem(args.exchange / COURSE_ID / "inbound", learner, lab)
+        if problem:
+            print(f"{prog}: --grade-one {learner} {lab}: {problem}", file=sys.stderr)
+            return 1
         os.environ.update(course_env(args.course_root.resolve(), args.exchange.resolve()))
         os.chdir(args.course_root)
         try:
@@ -463,8 +549,9 @@ def main(argv: list[str] | None = None) -> int:
         if inbound.is_dir() and not os.access(inbound, os.R_OK | os.X_OK):
             raise term_mod.TermError(f"--exchange {args.exchange}: cannot list {inbound} (run as the instructor who "
                                      "released the labs: COURSE_HUB_GRADER_USER)")
-        settings = term_mod.load(args.course or args.course_root / "autograder" / "course.toml",
-                                 labs=labs).grade_on_submit
+        course = term_mod.load(args.course or args.course_root / "autograder" / "course.toml", labs=labs)
+        settings = course.grade_on_submit
+        learners = set(term_mod.read_roster(course.roster)) if course.roster is not None else None
     except term_mod.TermError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
@@ -484,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         submit = lambda function, *a: connection.client.submit(function, *a, pure=False)  # noqa: E731
     worker = Worker(args.course_root, args.exchange, per_learner=per_learner, jobs=jobs, submit=submit,
-                    status=status)
+                    status=status, learners=learners)
     log.info("watching %s for %s (per_learner %d, jobs %d, %s); status in %s", worker.inbound, ", ".join(labs),
              per_learner, jobs, f"Dask at {address}" if address else "local threads", status)
     # The hub stops a service with SIGINT, then SIGTERM (a process started in the background may

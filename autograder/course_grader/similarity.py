@@ -12,10 +12,13 @@ of what is left are compared (winnowing: Schleimer, Wilkerson and Aiken, "Winnow
 for document fingerprinting", SIGMOD 2003; copydetect's documentation:
 https://copydetect.readthedocs.io). A renamed, re-spaced or re-commented copy keeps its fingerprints.
 
-What every learner shares is boilerplate and never counts: the release notebook's exercise cells (the
-starter code: signatures, docstrings, ``raise NotImplementedError()``) and the source of the
-course_lib references the lab's contracts name (``course_lib.grading.labNN.CONTRACTS``,
-``Contract.references``).
+Every code cell of a learner's notebook is read, not only those marked as exercises (the metadata is
+the learner's to edit: a copy moved into an unmarked cell still runs and is compared), except the
+cells nbgrader overwrites with the course's source when it grades (the release's test and locked
+cells, by grade_id) and the release's cells left unchanged. What every learner shares is boilerplate
+and never counts: the release notebook's other code cells (the starter code: signatures, docstrings,
+``raise NotImplementedError()``, set-up cells) and the source of the course_lib references the lab's
+contracts name (``course_lib.grading.labNN.CONTRACTS``, ``Contract.references``).
 
 A pair's ``similarity`` is the larger of copydetect's two fractions (the share of learner A's
 fingerprinted code found in B's, and of B's in A's), so a short submission copied whole from a longer
@@ -90,22 +93,47 @@ class Result:
                 for p in self.flagged if p.lab == lab and learner in (p.learner_a, p.learner_b)]
 
 
-def exercise_code(notebook: dict) -> str:
-    """The source of NOTEBOOK's exercise cells (code cells with nbgrader ``solution: true`` or the
-    ``exercise`` tag), in order, one after the other. NOTEBOOK is a parsed nbformat 4 notebook; cells
-    that are not dicts, and sources that are not text, are left out."""
-    out = []
+def _code_cells(notebook: dict):
+    """(cell, its nbgrader metadata, its tags) of each code cell of NOTEBOOK that is a dict."""
     for cell in notebook.get("cells", []) if isinstance(notebook, dict) else []:
         if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
         meta = cell.get("metadata") if isinstance(cell.get("metadata"), dict) else {}
         nbgrader = meta.get("nbgrader") if isinstance(meta.get("nbgrader"), dict) else {}
-        tags = meta.get("tags") if isinstance(meta.get("tags"), list) else []
-        if nbgrader.get("solution") is True or "exercise" in tags:
-            source = cell.get("source", "")
-            source = "".join(s for s in source if isinstance(s, str)) if isinstance(source, list) else source
-            if isinstance(source, str):
-                out.append(source)
+        yield cell, nbgrader, meta.get("tags") if isinstance(meta.get("tags"), list) else []
+
+
+def overwritten_ids(release: dict) -> set[str]:
+    """The grade_ids of RELEASE's test and locked code cells: nbgrader autograde puts the course's source
+    back into a submitted cell with one of these ids, so what a learner wrote there never runs."""
+    return {str(nbgrader.get("grade_id")) for _, nbgrader, _ in _code_cells(release)
+            if (nbgrader.get("grade") is True or nbgrader.get("locked") is True)
+            and nbgrader.get("solution") is not True}
+
+
+def _source(cell: dict):
+    source = cell.get("source", "")
+    return "".join(s for s in source if isinstance(s, str)) if isinstance(source, list) else source
+
+
+def exercise_code(notebook: dict, every_cell: bool = False, skip_ids: set[str] = frozenset(),
+                  skip_sources: set[str] = frozenset()) -> str:
+    """The source of NOTEBOOK's exercise cells (code cells with nbgrader ``solution: true`` or the
+    ``exercise`` tag), in order, one after the other; with EVERY_CELL, of all its code cells but those
+    whose grade_id is one of SKIP_IDS (what ``compare_submissions`` reads: a learner's metadata is theirs
+    to edit, so code moved into a cell not marked as an exercise is compared too; the cells nbgrader
+    overwrites, ``overwritten_ids``, are not, nor those whose stripped source is one of SKIP_SOURCES, the
+    release's cells left as they were). NOTEBOOK is a parsed nbformat 4 notebook; cells that are not
+    dicts, and sources that are not text, are left out."""
+    out = []
+    for cell, nbgrader, tags in _code_cells(notebook):
+        source = _source(cell)
+        if not isinstance(source, str):
+            continue
+        if every_cell and (str(nbgrader.get("grade_id")) in skip_ids or source.strip() in skip_sources):
+            continue
+        if every_cell or nbgrader.get("solution") is True or "exercise" in tags:
+            out.append(source)
     return "\n\n".join(out)
 
 
@@ -193,26 +221,32 @@ def find_notebooks(submissions: Path, lab: str) -> dict[str, Path]:
 
 def compare_submissions(submissions: Path, labs: list[str], release: Path, threshold: float,
                         learners: dict[str, set[str]] | None = None) -> Result:
-    """Compare every pair of learners' exercise cells (only LEARNERS[lab], when given) of each of LABS under
-    SUBMISSIONS (``{learner}/{lab}/{lab}.ipynb``); the starter code is RELEASE/{lab}/{lab}.ipynb's
-    exercise cells (a missing release: no starter code removed, said in ``skipped`` as learner "*"). A
-    notebook that is not readable JSON, or whose exercise code is longer than ``MAX_CHARS``, is skipped
-    (listed)."""
+    """Compare every pair of learners' code cells (only LEARNERS[lab], when given) of each of LABS under
+    SUBMISSIONS (``{learner}/{lab}/{lab}.ipynb``; ``exercise_code`` with every cell, less the cells
+    nbgrader overwrites and the release's unchanged ones); the starter code is RELEASE/{lab}/{lab}.ipynb's
+    code cells (a missing release: no starter code removed, said in ``skipped`` as learner "*"). A
+    notebook that is not readable JSON (or is nested too deep to parse), or whose code is longer than
+    ``MAX_CHARS``, is skipped (listed)."""
     pairs, skipped = [], []
     for lab in labs:
         starter = release / lab / f"{lab}.ipynb"
         boilerplate = reference_code(lab)
+        skip_ids, unchanged = set(), set()
         try:
-            boilerplate.append(exercise_code(json.loads(starter.read_text(encoding="utf-8"))))
-        except (OSError, ValueError) as exc:
+            released = json.loads(starter.read_text(encoding="utf-8"))
+            skip_ids = overwritten_ids(released)
+            boilerplate.append(exercise_code(released, every_cell=True, skip_ids=skip_ids))
+            unchanged = {s.strip() for cell, _, _ in _code_cells(released) if isinstance(s := _source(cell), str)}
+        except (OSError, ValueError, RecursionError) as exc:
             skipped.append((lab, "*", f"starter code not removed: cannot read {starter}: {exc}"))
         codes = {}
         for learner, path in find_notebooks(submissions, lab).items():
             if learners is not None and learner not in learners.get(lab, ()):
                 continue
             try:
-                code = exercise_code(json.loads(path.read_bytes().decode("utf-8")))
-            except (OSError, ValueError) as exc:
+                code = exercise_code(json.loads(path.read_bytes().decode("utf-8")), every_cell=True,
+                                     skip_ids=skip_ids, skip_sources=unchanged)
+            except (OSError, ValueError, RecursionError) as exc:   # RecursionError: JSON nested too deep
                 skipped.append((lab, learner, f"not compared: {type(exc).__name__}"))
                 continue
             if len(code) > MAX_CHARS:

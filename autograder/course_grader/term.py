@@ -6,7 +6,7 @@ file and the field (``[lms] course_id: ...``), and nothing is written by a comma
 Sections (all optional; a command that needs a missing one says which):
 
 ``[lms]``
-    ``url`` (the Canvas site, ``https://canvas.example.edu``), ``course_id`` (an integer),
+    ``url`` (the Canvas site, ``https://canvas.example.edu``; http:// only for localhost), ``course_id`` (an integer),
     ``token_env`` (the environment variable holding an API token; default ``CANVAS_TOKEN``; the
     token itself never goes in the file), and ``[lms.assignments]``: one entry per lab,
     ``"01_roofline" = { id = 1234, name = "Lab 1: roofline" }``.
@@ -39,6 +39,7 @@ import datetime as dt
 import io
 import math
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,7 @@ def course_labs(root: Path = REPO_ROOT) -> tuple[str, ...]:
 ROSTER_COLUMNS = ("learner", "canvas_id", "name", "sis_user_id", "sis_login_id", "section")
 LATE_METHODS = ("none", "percent_per_day", "zero")
 SIMILARITY_THRESHOLD = 0.8   # the default of [similarity] threshold
+LOOPBACK = ("localhost", "127.0.0.1", "::1")   # the only hosts [lms] url may name with http://
 
 
 class TermError(ValueError):
@@ -108,7 +110,7 @@ def read_roster(path: Path | str) -> dict[str, RosterEntry]:
         if learner in roster:
             raise TermError(f"roster {path} line {line}: learner {learner!r} is listed twice")
         raw = (row.get("canvas_id") or "").strip()
-        if not raw.isdigit() or int(raw) <= 0:
+        if not (raw.isascii() and raw.isdigit()) or int(raw) <= 0:   # "²" and "１２" are digits to isdigit
             raise TermError(f"roster {path} line {line}: canvas_id of {learner!r} must be a positive integer, "
                             f"got {raw!r}")
         cid = int(raw)
@@ -249,7 +251,10 @@ def _deadlines(raw, path: Path, labs) -> dict[str, dt.datetime]:
             raise TermError(f"{where}: expected a date-time with a time zone, got {value!r}")
         if value.tzinfo is None or value.utcoffset() is None:
             raise TermError(f"{where}: {value.isoformat()} has no time zone: add one (Z for UTC, or +01:00)")
-        out[lab] = value.astimezone(dt.timezone.utc)
+        try:
+            out[lab] = value.astimezone(dt.timezone.utc)
+        except OverflowError:
+            raise TermError(f"{where}: {value.isoformat()} is out of range in UTC") from None
     return out
 
 
@@ -297,6 +302,10 @@ def _lms(raw, path: Path, labs) -> LMS:
     url = _str(raw.get("url"), f"{path}: [lms] url")
     if not url.startswith(("https://", "http://")):
         raise TermError(f"{path}: [lms] url: expected an http(s) address, got {url!r}")
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if url.startswith("http://") and host not in LOOPBACK:   # the token goes in every request's header
+        raise TermError(f"{path}: [lms] url: {url!r} would send the API token unencrypted; use https:// "
+                        "(http:// only for this machine: localhost, 127.0.0.1)")
     assignments = {}
     table = raw.get("assignments", {})
     if not isinstance(table, dict):
@@ -336,9 +345,14 @@ def load(path: Path | str = COURSE_FILE, labs: tuple[str, ...] | None = None) ->
         roster = (path.parent / _str(raw["roster"], f"{path}: roster")).resolve()
     deadlines = _deadlines(raw.get("deadlines", {}), path, labs)
     extensions = _extensions(raw.get("extensions", {}), path, roster)
-    for learner, lab in extensions:
+    for (learner, lab), extra in extensions.items():
         if lab not in deadlines:
             raise TermError(f"{path}: [extensions] {learner} {lab}: the lab has no deadline in [deadlines]")
+        try:
+            deadlines[lab] + extra
+        except OverflowError:
+            raise TermError(f"{path}: [extensions] {learner} {lab}: the deadline with this extension is past "
+                            "the year 9999") from None
     return Term(path, lms=_lms(raw["lms"], path, labs) if "lms" in raw else None, roster=roster, deadlines=deadlines,
                 extensions=extensions, late_policy=_late_policy(raw.get("late_policy", {}), path),
                 similarity_threshold=_similarity(raw.get("similarity", {}), path),
