@@ -373,7 +373,7 @@ class Worker:
                     "timestamp": sub.timestamp if sub else "", "inbound": folder.name, "queued": now(),
                     "started": None, "finished": None, "score": None, "max_score": None,
                     "graded_timestamp": None, "reason": None, "error": None}
-            if reason:
+            if reason:   # the entry's files were refused above
                 pass
             elif sub is None:
                 reason = "not an nbgrader submission name (LEARNER+LAB+TIMESTAMP)"
@@ -383,8 +383,8 @@ class Worker:
                 reason = f"no lab {sub.lab!r} in the course root {self.course_root}"
             elif self._learners is not None and sub.learner not in self._learners:
                 reason = "the learner id is not in the course file's roster"
-            elif stamp_problem(sub.timestamp):
-                reason = stamp_problem(sub.timestamp)
+            elif problem := stamp_problem(sub.timestamp):
+                reason = problem
             elif self.active(sub.learner) >= self.per_learner:
                 reason = f"{self.active(sub.learner)} job(s) already queued or running (per_learner = " \
                          f"{self.per_learner}); left in the exchange for the instructor's batch"
